@@ -1,0 +1,52 @@
+"""gpumagic: the advanced user's GPU toolbox for PyTorch in IPython/Jupyter.
+
+``%load_ext gpumagic`` registers ``%%memtrace``/``%memtrace``, ``%%gpuprofile``,
+``%gpuwatch`` and ``%gpuenv``. The same analyses are callable from scripts through the
+names below. Importing this package is cheap: torch, pandas and matplotlib load only
+when a feature runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> (module, attribute); resolved on first use so `import gpumagic` stays fast
+_LAZY = {
+    "MemTrace": ("gpumagic.memory.report", "MemTrace"),
+    "load_trace": ("gpumagic.profile.load", "load_trace"),
+    "compare": ("gpumagic.profile.compare", "compare"),
+    "step": ("gpumagic.profile.steps", "step"),
+    "watch": ("gpumagic.watch", "watch"),
+    "env": ("gpumagic.env", "env"),
+}
+
+__all__ = ["__version__", "load_ipython_extension", "unload_ipython_extension", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'gpumagic' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    from gpumagic.magics import load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    from gpumagic.magics import unload
+
+    unload(ipython)

@@ -1,0 +1,72 @@
+"""Command line: ``python -m gpumagic demo`` and ``python -m gpumagic analyze TRACE``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+DEMO_CELL = """\
+import torch
+from torch import nn
+model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 64, 3, padding=1),
+                      nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10)).to(device)
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+x = torch.randn(64, 3, 64, 64, device=device)
+y = torch.randint(0, 10, (64,), device=device)
+for step in range(3):
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+loss.item()
+"""
+
+
+def demo(out: Path) -> int:
+    """Run a forward/backward cell under %%memtrace in a headless IPython shell."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from gpumagic.render.html import STYLE
+
+    shell = InteractiveShell.instance()
+    shell.run_cell("%load_ext gpumagic", store_history=False)
+    shell.run_cell(
+        "import torch\ndevice = 'cuda' if torch.cuda.is_available() else 'cpu'", store_history=False
+    )
+    result = shell.run_cell("%%memtrace --quiet -o demo_trace\n" + DEMO_CELL, store_history=False, silent=True)
+    if not result.success:
+        return 1
+    trace = shell.user_ns["demo_trace"]
+    out.mkdir(parents=True, exist_ok=True)
+    html_path = out / "memtrace_demo.html"
+    html_path.write_text(
+        "<!doctype html><meta charset='utf-8'><title>gpumagic %%memtrace demo</title>"
+        + STYLE
+        + "<pre>%%memtrace\n"
+        + DEMO_CELL.replace("&", "&amp;").replace("<", "&lt;")
+        + "</pre>"
+        + trace._html(),
+        encoding="utf-8",
+    )
+    sys.stdout.write(trace._text() + "\n\n")
+    sys.stdout.write(f"HTML report: {html_path}\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpumagic")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_demo = sub.add_parser("demo", help="trace a training cell with %%memtrace, write HTML")
+    p_demo.add_argument("--out", type=Path, default=Path("out"))
+    sub.add_parser("analyze", help="analyse a saved profiler trace (see 'analyze -h')", add_help=False)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "demo":
+        return demo(args.out)
+    from gpumagic.profile.cli import main as analyze
+
+    return analyze(rest)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

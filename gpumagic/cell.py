@@ -1,0 +1,382 @@
+"""The shared cell runner: every cell magic of the package runs its cell through here.
+
+What it guarantees, so that a cell behaves exactly as it would without the magic:
+
+* IPython syntax inside the cell works: the body goes through ``shell.transform_cell``
+  (``!cmd``, ``%line`` magics) and the shell's AST transformers.
+* Tracebacks show the cell's own source and the line numbers the notebook shows: the
+  code is compiled under a name from ``shell.compile.cache(...)`` whose text starts with
+  the magic's own line, so the magic line is line 1 and the body starts at line 2.
+* The last expression's value is returned, so ``Out[n]`` and a trailing ``;`` behave as
+  usual (the magic is decorated with ``output_can_be_silenced``).
+* Variables land in ``shell.user_ns``; nothing of the runner's is left there: the probe
+  hooks live in ``builtins`` under per-run names for the duration of the run only.
+* A syntax error is shown as IPython shows one for a plain cell (see
+  :func:`install_syntax_error_display`).
+
+Instrumentation (``%%memtrace``): a probe call before each statement of the cell,
+including statements inside ``for``/``while``/``if``/``with``/``try``/``match`` bodies.
+There is deliberately no ``sys.settrace``: library code the cell calls runs at full speed
+and a debugger keeps working. One hook, ``enter(i)``, marks "statement ``i`` starts now";
+the probe closes whichever statement was running at that moment. Because a compound
+statement's header is closed by the first statement of its body, and a loop's iteration
+re-enters the loop's own row, at most one statement is open at any instant, and work is
+never counted twice. Function and class bodies are not instrumented: a call is charged to
+the statement that made it.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from types import CodeType
+from typing import Any, Protocol
+
+__all__ = [
+    "PreparedCell",
+    "Probe",
+    "Statement",
+    "execute",
+    "install_syntax_error_display",
+    "prepare",
+]
+
+_run_ids = itertools.count(1)
+
+
+class Probe(Protocol):
+    """What the instrumented code calls: ``enter(i)`` when statement ``i`` starts."""
+
+    def enter(self, index: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class Statement:
+    """One row of a per-statement report."""
+
+    index: int
+    line: int  # first line as the notebook numbers it: the magic's own line is line 1
+    end_line: int
+    source: str  # raw source as typed (a compound statement: its header only)
+    kind: str  # ast class name: "Assign", "For", "Expr", ...
+    depth: int  # 0 at the top of the cell, +1 inside each for/while/if/with/try/match body
+
+
+@dataclass
+class PreparedCell:
+    """A cell compiled and ready to run (see :func:`prepare`)."""
+
+    filename: str
+    raw_source: str  # what linecache shows: the magic line, then the body as typed
+    statements: list[Statement]
+    body: CodeType | None  # every statement but a trailing expression
+    last_expr: CodeType | None  # the trailing expression, evaluated for Out[n]
+    hook_names: dict[str, str] = field(default_factory=dict)  # role -> builtins name
+
+
+# ---------------------------------------------------------------------------------------------
+# Syntax errors: show them as IPython shows a plain cell's
+
+
+_SYNTAX_MARK = "_gpumagic_cell_syntax_error"
+
+
+class _CellSyntaxTB:
+    """Wraps the shell's SyntaxTB: for syntax errors in a magic's cell, drop the stack.
+
+    IPython prints a plain cell's syntax error without any frames (it never ran). A cell
+    magic's syntax error is raised from inside the magic, so IPython would list the magic
+    machinery's frames above it. Errors we raise are marked; for those the stack is
+    dropped and IPython's own formatter does the rest, so the display is identical.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def structured_traceback(
+        self, etype: Any, value: Any, elist: Any, *args: Any, **kw: Any
+    ) -> Any:
+        if getattr(value, _SYNTAX_MARK, False):
+            elist = []
+        return self._inner.structured_traceback(etype, value, elist, *args, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def install_syntax_error_display(shell: Any) -> Callable[[], None]:
+    """Install the syntax-error display on ``shell``; returns the function that undoes it."""
+    current = getattr(shell, "SyntaxTB", None)
+    if current is None or isinstance(current, _CellSyntaxTB):
+        return lambda: None
+    shell.SyntaxTB = _CellSyntaxTB(current)
+
+    def undo() -> None:
+        if isinstance(shell.SyntaxTB, _CellSyntaxTB):
+            shell.SyntaxTB = shell.SyntaxTB._inner
+
+    return undo
+
+
+# ---------------------------------------------------------------------------------------------
+# Preparing a cell
+
+
+def prepare(shell: Any, cell: str, header: str | None, *, instrument: bool = False) -> PreparedCell:
+    """Transform, parse and compile ``cell``, with a probe hook before each statement if
+    ``instrument``. ``header`` is the magic's own first line (without its newline) for a
+    cell magic, whose body then starts at line 2; ``None`` for a line magic's statement,
+    which is line 1. Raises ``SyntaxError`` pointing at the cell's own lines."""
+    __tracebackhide__ = True
+    transformed = shell.transform_cell(cell)
+    prefix = "" if header is None else header + "\n"
+    raw_source = prefix + cell
+    raw_lines = cell.splitlines()
+    # Tracebacks and the debugger read the cell from linecache. Show what the user typed
+    # when the transform kept one line per line (it does for magics and !commands), else
+    # the transformed text so that line numbers stay right.
+    same_lines = len(raw_lines) == len(transformed.splitlines())
+    shown = raw_source if same_lines else prefix + transformed
+    filename = shell.compile.cache(shown, getattr(shell, "execution_count", 0), raw_code=raw_source)
+    try:
+        # A blank first line for the magic's own line: every node then carries the
+        # line number the notebook shows.
+        tree = ast.parse("\n" * prefix.count("\n") + transformed, filename=filename)
+    except SyntaxError as err:
+        setattr(err, _SYNTAX_MARK, True)
+        raise
+    tree = shell.transform_ast(tree)
+
+    statements: list[Statement] = []
+    hook_names: dict[str, str] = {}
+    if instrument:
+        run_id = next(_run_ids)
+        hook_names = {"enter": f"_gpumagic_enter_{run_id}", "loop": f"_gpumagic_loop_{run_id}"}
+        instrumenter = _Instrumenter(
+            raw_lines, hook_names, statements, first_line=1 + prefix.count("\n")
+        )
+        tree.body = instrumenter.block(tree.body, depth=0)
+
+    body_nodes = list(tree.body)
+    last_expr_node: ast.expr | None = None
+    if body_nodes and isinstance(body_nodes[-1], ast.Expr):
+        last_expr_node = body_nodes.pop().value
+    flags = getattr(shell.compile, "flags", 0)
+    try:
+        body = (
+            compile(
+                ast.Module(body=body_nodes, type_ignores=[]),
+                filename,
+                "exec",
+                flags,
+                dont_inherit=True,
+            )
+            if body_nodes
+            else None
+        )
+        last = (
+            compile(ast.Expression(body=last_expr_node), filename, "eval", flags, dont_inherit=True)
+            if last_expr_node is not None
+            else None
+        )
+    except SyntaxError as err:  # e.g. 'return' outside function: found at compile time
+        setattr(err, _SYNTAX_MARK, True)
+        raise
+    return PreparedCell(filename, raw_source, statements, body, last, hook_names)
+
+
+class _Instrumenter:
+    """Rewrites statement lists so that each statement starts with ``enter(i)``."""
+
+    def __init__(
+        self, raw_lines: list[str], names: dict[str, str], out: list[Statement], first_line: int
+    ) -> None:
+        self.raw_lines = raw_lines
+        self.first_line = first_line  # the notebook line number of raw_lines[0]
+        self.names = names
+        self.out = out
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _source(self, node: ast.stmt, header_only: bool) -> str:
+        first = node.lineno - self.first_line
+        last = (node.end_lineno or node.lineno) - self.first_line
+        if not 0 <= first < len(self.raw_lines):
+            text = ast.unparse(node)
+            return text.splitlines()[0] if header_only else text
+        body = getattr(node, "body", None) if header_only else None
+        if body and body[0].lineno == node.lineno:
+            # one-line compound statement ("for x in y: f(x)"): the header ends where the body starts
+            line = self.raw_lines[first].encode()
+            return line[: body[0].col_offset].decode(errors="replace").strip()
+        if header_only:
+            if body:
+                last = max(first, body[0].lineno - self.first_line - 1)
+            elif isinstance(node, ast.Match) and node.cases:
+                last = max(first, node.cases[0].pattern.lineno - self.first_line - 1)
+        lines = self.raw_lines[first : last + 1]
+        # nested statements: drop the indentation of their first line
+        indent = len(lines[0]) - len(lines[0].lstrip())
+        return "\n".join(
+            ln[indent:] if ln[:indent].isspace() else ln.lstrip() for ln in lines
+        ).rstrip()
+
+    def _register(self, node: ast.stmt, depth: int, header_only: bool) -> int:
+        index = len(self.out)
+        self.out.append(
+            Statement(
+                index=index,
+                line=node.lineno,
+                end_line=node.end_lineno or node.lineno,
+                source=self._source(node, header_only),
+                kind=type(node).__name__,
+                depth=depth,
+            )
+        )
+        return index
+
+    def _call(self, role: str, args: list[ast.expr], like: ast.AST) -> ast.Call:
+        call = ast.Call(func=ast.Name(id=self.names[role], ctx=ast.Load()), args=args, keywords=[])
+        return ast.copy_location(call, like)
+
+    def _enter_stmt(self, index: int, like: ast.stmt) -> ast.stmt:
+        call = self._call("enter", [ast.Constant(index)], like)
+        node = ast.Expr(value=call)
+        ast.copy_location(node, like)
+        return ast.fix_missing_locations(node)
+
+    def _enter_then(self, index: int, expr: ast.expr) -> ast.expr:
+        """``enter(i) or EXPR``: enter returns None, so the value is EXPR's, evaluated after."""
+        call = self._call("enter", [ast.Constant(index)], expr)
+        node = ast.BoolOp(op=ast.Or(), values=[call, expr])
+        ast.copy_location(node, expr)
+        return ast.fix_missing_locations(node)
+
+    # -- the rewrite -----------------------------------------------------------------------
+    def block(self, body: list[ast.stmt], depth: int) -> list[ast.stmt]:
+        out: list[ast.stmt] = []
+        for node in body:
+            out.extend(self.statement(node, depth))
+        return out
+
+    def statement(self, node: ast.stmt, depth: int) -> list[ast.stmt]:
+        if isinstance(node, ast.For):
+            index = self._register(node, depth, header_only=True)
+            # for T in loop(i, enter(i) or ITER): the iterable is built inside row i and
+            # every later next() re-enters row i (hits = iterations + 1, as line profilers count)
+            node.iter = ast.fix_missing_locations(
+                ast.copy_location(
+                    self._call(
+                        "loop", [ast.Constant(index), self._enter_then(index, node.iter)], node.iter
+                    ),
+                    node.iter,
+                )
+            )
+            node.body = self.block(node.body, depth + 1)
+            node.orelse = self.block(node.orelse, depth + 1)
+            return [node]
+        if isinstance(node, (ast.While, ast.If)):
+            index = self._register(node, depth, header_only=True)
+            node.test = self._enter_then(index, node.test)
+            node.body = self.block(node.body, depth + 1)
+            if (
+                isinstance(node, ast.If)
+                and len(node.orelse) == 1
+                and isinstance(node.orelse[0], ast.If)
+            ):
+                # elif: a row of its own at the same depth as the if
+                node.orelse = self.statement(node.orelse[0], depth)
+            else:
+                node.orelse = self.block(node.orelse, depth + 1)
+            return [node]
+        if isinstance(node, ast.With):
+            index = self._register(node, depth, header_only=True)
+            node.body = self.block(node.body, depth + 1)
+            return [self._enter_stmt(index, node), node]
+        if isinstance(node, (ast.Try, *_TRY_STAR)):
+            # 'try:' evaluates nothing: no row of its own, only its bodies
+            node.body = self.block(node.body, depth + 1)  # type: ignore[attr-defined]
+            for handler in node.handlers:  # type: ignore[attr-defined]
+                handler.body = self.block(handler.body, depth + 1)
+            node.orelse = self.block(node.orelse, depth + 1)  # type: ignore[attr-defined]
+            node.finalbody = self.block(node.finalbody, depth + 1)  # type: ignore[attr-defined]
+            return [node]
+        if isinstance(node, ast.Match):
+            index = self._register(node, depth, header_only=True)
+            node.subject = self._enter_then(index, node.subject)
+            for case in node.cases:
+                case.body = self.block(case.body, depth + 1)
+            return [node]
+        # Simple statements, def/class (their bodies run later, charged to the caller),
+        # async constructs (only valid inside functions here).
+        index = self._register(
+            node,
+            depth,
+            header_only=isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)),
+        )
+        if isinstance(node, ast.Expr):
+            # keep the expression a bare Expr so the runner can still split off the last one
+            node.value = self._enter_then(index, node.value)
+            return [node]
+        return [self._enter_stmt(index, node), node]
+
+
+_TRY_STAR: tuple[type, ...] = (ast.TryStar,) if hasattr(ast, "TryStar") else ()
+
+
+# ---------------------------------------------------------------------------------------------
+# Running a prepared cell
+
+
+def _loop_hook(enter: Callable[[int], None]) -> Callable[[int, Iterable[Any]], Iterator[Any]]:
+    def loop(index: int, iterable: Iterable[Any]) -> Iterator[Any]:
+        __tracebackhide__ = True
+        it = iter(iterable)  # row ``index`` is open: enter() ran while evaluating the argument
+        while True:
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            yield item
+            enter(index)
+
+    return loop
+
+
+def execute(shell: Any, prepared: PreparedCell, probe: Probe | None = None) -> Any:
+    """Run ``prepared`` in the shell's namespace; return the trailing expression's value.
+
+    Exceptions from the cell propagate unchanged (the caller shows its partial report,
+    then re-raises). The probe hooks exist in ``builtins`` only while the cell runs.
+    """
+    __tracebackhide__ = True
+    installed: list[str] = []
+    if prepared.hook_names:
+        if probe is None:
+            raise ValueError("an instrumented cell needs a probe")
+        hooks = {"enter": probe.enter, "loop": _loop_hook(probe.enter)}
+        for role, name in prepared.hook_names.items():
+            setattr(builtins, name, hooks[role])
+            installed.append(name)
+    try:
+        glob, loc = shell.user_global_ns, shell.user_ns
+        if prepared.body is not None:
+            exec(prepared.body, glob, loc)
+        if prepared.last_expr is not None:
+            return eval(prepared.last_expr, glob, loc)
+        return None
+    finally:
+        for name in installed:
+            builtins.__dict__.pop(name, None)
+
+
+def is_silenced(cell: str) -> bool:
+    """True when the cell's last token is ``;`` (IPython then shows no ``Out[n]``)."""
+    from IPython.core.displayhook import DisplayHook
+
+    try:
+        return bool(DisplayHook.semicolon_at_end_of_expression(cell))
+    except Exception:  # tokenizer errors on odd input: the syntax error is reported elsewhere
+        return False

@@ -1,0 +1,73 @@
+"""Argument parsing for the magics: bad input raises ``UsageError`` with the usage."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+from typing import Any, NoReturn
+
+from IPython.core.error import UsageError
+
+_TOKEN = re.compile(r"\s*(\S+)")
+
+
+class MagicParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are IPython ``UsageError``s carrying the usage."""
+
+    def __init__(self, prog: str, description: str = "", **kw: Any) -> None:
+        super().__init__(prog=prog, description=description, add_help=False, **kw)
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}\n{self.format_usage().rstrip()}")
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        raise UsageError(message or self.format_usage())
+
+    def usage_error(self, message: str) -> UsageError:
+        return UsageError(f"{self.prog}: {message}\n{self.format_usage().rstrip()}")
+
+    def parse_line(self, line: str) -> argparse.Namespace:
+        """Parse a whole line of options (a cell magic's first line)."""
+        try:
+            tokens = shlex.split(line)
+        except ValueError as exc:  # unbalanced quotes
+            raise self.usage_error(str(exc)) from None
+        return self.parse_args(tokens)
+
+    def parse_prefix(self, line: str) -> tuple[argparse.Namespace, str]:
+        """Parse the options at the start of ``line``; return them and the raw rest
+        (a line magic's statement, kept exactly as typed). ``--`` ends the options."""
+        takes_value = {
+            opt
+            for action in self._actions
+            if action.nargs != 0 and action.option_strings
+            for opt in action.option_strings
+        }
+        pos = 0
+        tokens: list[str] = []
+        expect_value = False
+        while True:
+            m = _TOKEN.match(line, pos)
+            if m is None:
+                break
+            tok = m.group(1)
+            if expect_value:
+                tokens.append(tok)
+                pos = m.end()
+                expect_value = False
+                continue
+            if tok == "--":
+                pos = m.end()
+                break
+            if not tok.startswith("-") or tok == "-":
+                break
+            name = tok.split("=", 1)[0]
+            if name not in self._option_string_actions:
+                raise self.usage_error(f"unrecognized option: {tok}")
+            tokens.append(tok)
+            expect_value = name in takes_value and "=" not in tok
+            pos = m.end()
+        if expect_value:
+            raise self.usage_error(f"option {tokens[-1]} expects a value")
+        return self.parse_args(tokens), line[pos:].strip()

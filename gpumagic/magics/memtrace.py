@@ -1,0 +1,91 @@
+"""``%%memtrace`` / ``%memtrace``: IPython glue over :mod:`gpumagic.memory`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from IPython.core.magic import (
+    Magics,
+    line_cell_magic,
+    magics_class,
+    no_var_expand,
+    output_can_be_silenced,
+)
+
+from gpumagic.magics.args import MagicParser
+
+PARSER = MagicParser(
+    "%%memtrace",
+    description="Run the cell and account memory to each statement.",
+)
+PARSER.add_argument("-o", "--output", metavar="NAME", help="also store the result under NAME")
+PARSER.add_argument("-d", "--device", metavar="DEV", help="cuda, cuda:N or host (default: CUDA if available)")
+PARSER.add_argument("-q", "--quiet", action="store_true", help="display nothing; the result is still stored")
+PARSER.add_argument("--no-live", action="store_true", help="no live view while the cell runs")
+
+
+@magics_class
+class MemtraceMagics(Magics):
+    @no_var_expand
+    @output_can_be_silenced
+    @line_cell_magic
+    def memtrace(self, line: str, cell: str | None = None) -> Any:
+        """Per-statement memory accounting.
+
+        %%memtrace [-o NAME] [--device DEV] [--quiet] [--no-live]   (cell: one row per statement)
+        %memtrace [options] STATEMENT                               (one statement)
+
+        The result (``_memtrace``, and NAME with -o) has ``.lines``, a DataFrame with
+        line, source, hits, delta_bytes, peak_bytes, allocated_bytes, reserved_bytes,
+        host_delta_bytes, host_peak_bytes (and params/grads/optimizer/other when the
+        namespace holds models), and ``.plot()``. Per-statement peaks reset the device's
+        peak counter (``torch.cuda.max_memory_allocated``) at each statement.
+        """
+        __tracebackhide__ = True
+        from gpumagic.cell import execute, prepare
+        from gpumagic.memory.oom import is_oom
+        from gpumagic.memory.session import DeviceError, TraceSession, release_frames
+        from gpumagic.render.live import LiveView
+        from gpumagic.render.memtrace import memtrace_live_html
+
+        if cell is None:
+            opts, statement = PARSER.parse_prefix(line)
+            if not statement:
+                raise PARSER.usage_error("give a statement to trace, or use %%memtrace as a cell magic")
+            source, header = statement, None
+        else:
+            opts = PARSER.parse_line(line)
+            source, header = cell, f"%%memtrace {line}".rstrip()
+        shell = self.shell
+        prepared = prepare(shell, source, header, instrument=True)
+        try:
+            session = TraceSession(prepared.statements, shell.user_ns, opts.device)
+        except DeviceError as exc:
+            raise PARSER.usage_error(str(exc)) from None
+        live = None
+        if not (opts.quiet or opts.no_live):
+            live = LiveView(lambda: memtrace_live_html(session.tracer), delay=1.0, interval=1.0).start()
+        try:
+            value = execute(shell, prepared, session.probe)
+        except BaseException as exc:
+            result = session.finish(error=exc)
+            self._show(result, opts, live)
+            if is_oom(exc):
+                release_frames(exc, prepared.filename)
+            raise
+        result = session.finish()
+        self._show(result, opts, live)
+        return value
+
+    def _show(self, result: Any, opts: Any, live: Any) -> None:
+        ns = self.shell.user_ns
+        ns["_memtrace"] = result
+        if opts.output:
+            ns[opts.output] = result
+        shown = result if not opts.quiet else None
+        if live is not None and live.mode != "off":
+            live.finish(shown)
+        elif shown is not None:
+            from IPython.display import display
+
+            display(shown)

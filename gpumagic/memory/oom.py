@@ -1,0 +1,216 @@
+"""The out-of-memory report: what was asked for, what is free, what is fragmented, who holds it.
+
+The builders are pure functions over plain data (an allocator-stat dictionary of the
+shape ``torch.cuda.memory_stats()`` returns, numbers from ``/proc`` or psutil, a list of
+holders) so they are tested without a GPU.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpumagic.memory.holders import Holder
+
+_UNITS = {
+    "B": 1,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+    "PIB": 2**50,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+}
+
+# "CUDA out of memory. Tried to allocate 2.00 GiB." (torch.OutOfMemoryError)
+_CUDA_ASK = re.compile(r"Tried to allocate ([\d.]+) ?([KMGTP]?i?B)", re.IGNORECASE)
+# "DefaultCPUAllocator: can't allocate memory: you tried to allocate 35184372088832 bytes."
+_CPU_ASK = re.compile(r"you tried to allocate (\d+) bytes", re.IGNORECASE)
+# numpy: "Unable to allocate 32.0 TiB for an array with shape ..."
+_NUMPY_ASK = re.compile(r"Unable to allocate ([\d.]+) ?([KMGTP]?i?B)", re.IGNORECASE)
+
+# Fragmentation worth a word: reserved-but-unallocated above this share of the reserved pool.
+FRAGMENTATION_SHARE = 0.2
+FRAGMENTATION_MIN_BYTES = 256 * 2**20
+
+
+def is_oom(exc: BaseException) -> bool:
+    """True for a CUDA OOM, torch's host allocator failing, or ``MemoryError``."""
+    if isinstance(exc, MemoryError):
+        return True
+    torch = sys.modules.get("torch")
+    oom_type = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
+    if oom_type is not None and isinstance(exc, oom_type):
+        return True
+    if isinstance(exc, RuntimeError):
+        text = str(exc)
+        return "DefaultCPUAllocator: can't allocate memory" in text or "CUDA out of memory" in text
+    return False
+
+
+def requested_bytes(message: str) -> int | None:
+    """The allocation size an OOM message names, in bytes; None when it names none."""
+    m = _CPU_ASK.search(message)
+    if m:
+        return int(m.group(1))
+    for pattern in (_CUDA_ASK, _NUMPY_ASK):
+        m = pattern.search(message)
+        if m:
+            unit = m.group(2).upper()
+            return int(float(m.group(1)) * _UNITS.get(unit, 1))
+    return None
+
+
+@dataclass
+class OomReport:
+    """Everything the OOM section shows; all sizes in bytes, None where unknown."""
+
+    device: str  # "cuda:0 (NVIDIA H200)" or "host"
+    exception: str  # "OutOfMemoryError: CUDA out of memory. Tried to allocate ..."
+    requested: int | None
+    free: int | None
+    total: int | None
+    allocated: int | None
+    reserved: int | None
+    holders: list[Holder] = field(default_factory=list)
+    unnamed_bytes: int = 0
+    unnamed_count: int = 0
+    limit_note: str = ""  # e.g. an RLIMIT_AS cap that made the host run out
+    advice: list[str] = field(default_factory=list)
+
+    @property
+    def reserved_unallocated(self) -> int | None:
+        if self.reserved is None or self.allocated is None:
+            return None
+        return max(self.reserved - self.allocated, 0)
+
+    @property
+    def fragmented(self) -> bool:
+        ru = self.reserved_unallocated
+        if ru is None or not self.reserved:
+            return False
+        return ru >= FRAGMENTATION_MIN_BYTES and ru >= FRAGMENTATION_SHARE * self.reserved
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def build_cuda_report(
+    exc: BaseException,
+    stats: Mapping[str, Any],
+    mem_info: tuple[int, int] | None,
+    device: str,
+    holders: Sequence[Holder],
+    unnamed: tuple[int, int] = (0, 0),
+) -> OomReport:
+    """Report for a CUDA OOM from ``torch.cuda.memory_stats()`` and ``mem_get_info()``."""
+    allocated = int(stats.get("allocated_bytes.all.current", 0))
+    reserved = int(stats.get("reserved_bytes.all.current", 0))
+    free, total = mem_info if mem_info is not None else (None, None)
+    report = OomReport(
+        device=device,
+        exception=_short(exc),
+        requested=requested_bytes(str(exc)),
+        free=free,
+        total=total,
+        allocated=allocated,
+        reserved=reserved,
+        holders=sorted(holders, key=lambda h: -h.nbytes),
+        unnamed_bytes=unnamed[0],
+        unnamed_count=unnamed[1],
+    )
+    report.advice = advice(report, cuda=True, retries=int(stats.get("num_alloc_retries", 0)))
+    return report
+
+
+def build_host_report(
+    exc: BaseException,
+    rss: int,
+    available: int | None,
+    total: int | None,
+    holders: Sequence[Holder],
+    unnamed: tuple[int, int] = (0, 0),
+    address_limit: int | None = None,
+    address_used: int | None = None,
+) -> OomReport:
+    """Report for a host allocation failure (torch's CPU allocator, ``MemoryError``)."""
+    free = available
+    note = ""
+    if address_limit is not None and address_used is not None:
+        headroom = max(address_limit - address_used, 0)
+        note = (
+            f"the process's address space is capped (RLIMIT_AS = {address_limit} bytes, "
+            f"{address_used} in use)"
+        )
+        free = headroom if free is None else min(free, headroom)
+    report = OomReport(
+        device="host",
+        exception=_short(exc),
+        requested=requested_bytes(str(exc)),
+        free=free,
+        total=total,
+        allocated=rss,
+        reserved=None,
+        holders=sorted(holders, key=lambda h: -h.nbytes),
+        unnamed_bytes=unnamed[0],
+        unnamed_count=unnamed[1],
+        limit_note=note,
+    )
+    report.advice = advice(report, cuda=False)
+    return report
+
+
+def advice(report: OomReport, cuda: bool, retries: int = 0) -> list[str]:
+    """What to try, most specific first, from what the report found."""
+    roles = {h.role for h in report.holders}
+    out: list[str] = []
+    if (
+        report.requested is not None
+        and report.total is not None
+        and report.requested > report.total
+    ):
+        out.append(
+            "The single allocation is larger than the whole device: check the tensor's shape "
+            "(a wrong dimension or a missing batch split), not just the batch size."
+        )
+    out.append("Reduce the batch size (or accumulate gradients over smaller micro-batches).")
+    if "parameter" in roles:
+        out.append(
+            "Trade compute for activation memory with gradient checkpointing: "
+            "torch.utils.checkpoint.checkpoint / checkpoint_sequential."
+        )
+        out.append(
+            "Run the forward pass under torch.autocast (bf16/fp16) to halve activation memory."
+        )
+    if "gradient" in roles:
+        out.append(
+            "Free gradients between steps with optimizer.zero_grad(set_to_none=True) "
+            "(the default since torch 2.0) instead of zeroing them."
+        )
+    if cuda:
+        out.append(
+            "Drop references you no longer need (del x), then torch.cuda.empty_cache() "
+            "to hand the cached blocks back."
+        )
+        if report.fragmented or retries > 0:
+            out.append(
+                "Much memory is reserved but not allocated (fragmentation): set "
+                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before torch starts."
+            )
+    else:
+        out.append("Drop references you no longer need (del x; gc.collect()).")
+    if report.unnamed_bytes and report.allocated and report.unnamed_bytes > 0.25 * report.allocated:
+        out.append(
+            "Much of the memory is held by tensors no variable names: outputs kept in Out[] "
+            "or _, lists of losses without .item(), or a previous exception's traceback "
+            "(%reset -f out, or del the container)."
+        )
+    return out

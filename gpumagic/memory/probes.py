@@ -1,0 +1,176 @@
+"""Reading memory at statement boundaries: the host's RSS and the CUDA caching allocator.
+
+Both readers answer the same two questions cheaply, many thousand times per second:
+"how much is in use now" and "what was the highest use since my last reset".
+
+Host: Linux keeps the peak RSS (``VmHWM``) and lets a process reset it to the current
+RSS by writing ``5`` to ``/proc/self/clear_refs``; reading ``VmRSS`` and ``VmHWM`` from
+``/proc/self/status`` after each statement therefore gives the exact peak reached inside
+that statement. The files stay open and are re-read with ``pread`` (about 8 µs a
+reading here, against 12 µs for ``psutil.Process().memory_info()``). Where that reset is
+unavailable (not Linux, a locked-down container), a sampling thread polls the RSS every
+millisecond and the peak is the highest sample: a statement shorter than that may show
+no peak above its end state.
+
+CUDA: one ``torch.cuda.memory_stats(device)`` call per reading (``memory_allocated()``
+and friends rebuild the same dictionary on every call), and
+``torch.cuda.reset_peak_memory_stats(device)`` at each statement start. That reset is
+visible to the user's own code: ``torch.cuda.max_memory_allocated()`` read inside a
+traced cell reports the peak since the current statement began.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+@dataclass(frozen=True)
+class Reading:
+    """Memory at one instant, in bytes. ``peak`` is the highest ``current`` since the last reset."""
+
+    current: int
+    peak: int
+    reserved: int
+
+
+class HostMemory:
+    """The process's resident set size, with per-interval peaks (see module docstring)."""
+
+    def __init__(self, force_sampled: bool = False) -> None:
+        self.method = "sampled"
+        self.why = ""
+        self._status_fd: int | None = None
+        self._clear_fd: int | None = None
+        self._sampler: _RssSampler | None = None
+        if not force_sampled:
+            try:
+                self._status_fd = os.open("/proc/self/status", os.O_RDONLY)
+                self._clear_fd = os.open("/proc/self/clear_refs", os.O_WRONLY)
+                os.write(self._clear_fd, b"5")
+                self._parse(os.pread(self._status_fd, 8192, 0))
+                self.method = "clear_refs"
+                self.why = "exact peaks from VmHWM after resetting it through /proc/self/clear_refs"
+            except (OSError, ValueError) as exc:
+                self._close_fds()
+                self.why = f"peak-RSS reset unavailable ({exc.__class__.__name__}: {exc}); peaks sampled every 1 ms"
+        else:
+            self.why = "peaks sampled every 1 ms"
+        if self.method == "sampled":
+            self._sampler = _RssSampler(interval=0.001)
+            self._sampler.start()
+
+    @staticmethod
+    def _parse(status: bytes) -> tuple[int, int]:
+        i = status.find(b"VmRSS:")
+        j = status.find(b"VmHWM:")
+        if i < 0 or j < 0:
+            raise ValueError("no VmRSS/VmHWM in /proc/self/status")
+        rss = int(status[i + 6 : status.index(b"kB", i)])
+        hwm = int(status[j + 6 : status.index(b"kB", j)])
+        return rss * 1024, hwm * 1024
+
+    def read(self) -> Reading:
+        if self._status_fd is not None:
+            rss, hwm = self._parse(os.pread(self._status_fd, 8192, 0))
+            return Reading(rss, max(rss, hwm), rss)
+        assert self._sampler is not None
+        rss = _current_rss()
+        return Reading(rss, max(rss, self._sampler.peak), rss)
+
+    def reset_peak(self) -> None:
+        if self._clear_fd is not None:
+            os.write(self._clear_fd, b"5")
+        elif self._sampler is not None:
+            self._sampler.reset()
+
+    def close(self) -> None:
+        self._close_fds()
+        if self._sampler is not None:
+            self._sampler.stop()
+            self._sampler = None
+
+    def _close_fds(self) -> None:
+        for fd in (self._status_fd, self._clear_fd):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._status_fd = self._clear_fd = None
+
+
+def _current_rss() -> int:
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except OSError:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+
+
+class _RssSampler(threading.Thread):
+    """Fallback peak tracker: polls the RSS; ``peak`` is the highest sample since ``reset``."""
+
+    def __init__(self, interval: float) -> None:
+        super().__init__(name="gpumagic-rss-sampler", daemon=True)
+        self.interval = interval
+        self.peak = 0
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval):
+            rss = _current_rss()
+            if rss > self.peak:
+                self.peak = rss
+
+    def reset(self) -> None:
+        self.peak = _current_rss()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+
+class CudaMemory:
+    """The CUDA caching allocator's counters for one device (see module docstring)."""
+
+    def __init__(self, torch: Any, index: int) -> None:
+        self._torch = torch
+        self.index = index
+        self.name = str(torch.cuda.get_device_name(index))
+        self.total = int(torch.cuda.get_device_properties(index).total_memory)
+
+    def read(self) -> Reading:
+        return reading_from_stats(self._torch.cuda.memory_stats(self.index))
+
+    def reset_peak(self) -> None:
+        # Before CUDA is initialised there is nothing to reset, and resetting would
+        # initialise a context (hundreds of MiB) in a cell that may never use the GPU.
+        if self._torch.cuda.is_initialized():
+            self._torch.cuda.reset_peak_memory_stats(self.index)
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self._torch.cuda.memory_stats(self.index))
+
+    def mem_get_info(self) -> tuple[int, int] | None:
+        try:
+            free, total = self._torch.cuda.mem_get_info(self.index)
+            return int(free), int(total)
+        except Exception:  # context lost after a failure: report what the allocator says
+            return None
+
+    def close(self) -> None:
+        pass
+
+
+def reading_from_stats(stats: dict[str, Any]) -> Reading:
+    """A reading from a ``torch.cuda.memory_stats()`` dictionary (empty before CUDA init)."""
+    current = int(stats.get("allocated_bytes.all.current", 0))
+    peak = int(stats.get("allocated_bytes.all.peak", current))
+    reserved = int(stats.get("reserved_bytes.all.current", 0))
+    return Reading(current, max(peak, current), reserved)

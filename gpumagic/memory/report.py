@@ -1,0 +1,212 @@
+"""The ``%%memtrace`` result: per-statement rows as a DataFrame, a table, a plot."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gpumagic.cell import Statement
+from gpumagic.memory.oom import OomReport
+from gpumagic.render.html import Rendered
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from gpumagic.memory.tracer import Device, MemoryTracer
+
+LINE_COLUMNS = [
+    "line",
+    "source",
+    "hits",
+    "delta_bytes",
+    "peak_bytes",
+    "allocated_bytes",
+    "reserved_bytes",
+    "host_delta_bytes",
+    "host_peak_bytes",
+    "host_bytes",
+    "time_us",
+    "depth",
+    "kind",
+]
+BREAKDOWN_COLUMNS = ["params_bytes", "grads_bytes", "optimizer_bytes", "other_bytes"]
+# How many statements the table highlights as the heaviest.
+HOT_ROWS = 3
+
+
+@dataclass(repr=False, eq=False)
+class MemTrace(Rendered):
+    """What ``%%memtrace`` measured. ``lines`` is the per-statement DataFrame."""
+
+    statements: list[Statement]
+    device: Device
+    hits: list[int]
+    delta: list[int]
+    peak: list[int]
+    after: list[int]
+    reserved_after: list[int]
+    host_delta: list[int]
+    host_peak: list[int]
+    host_after: list[int]
+    time_ns: list[int]
+    parts: list[tuple[int, int, int] | None]
+    initial: int
+    final: int
+    cell_peak: int
+    final_reserved: int
+    host_initial: int
+    host_final: int
+    host_cell_peak: int
+    elapsed_ns: int
+    timeline: list[tuple[float, int, int, int]]
+    host_method: str = ""
+    error_index: int = -1  # statement that raised, -1 if the cell completed
+    error: str = ""  # "ZeroDivisionError: division by zero"
+    oom: OomReport | None = None
+    _lines: Any = field(default=None, repr=False)
+
+    @classmethod
+    def from_tracer(
+        cls,
+        tracer: MemoryTracer,
+        error_index: int = -1,
+        error: str = "",
+        oom: OomReport | None = None,
+        host_method: str = "",
+    ) -> MemTrace:
+        return cls(
+            statements=tracer.statements,
+            device=tracer.device,
+            hits=tracer.hits,
+            delta=tracer.delta,
+            peak=tracer.peak,
+            after=tracer.after,
+            reserved_after=tracer.reserved_after,
+            host_delta=tracer.host_delta,
+            host_peak=tracer.host_peak,
+            host_after=tracer.host_after,
+            time_ns=tracer.time_ns,
+            parts=tracer.parts,
+            initial=tracer.initial,
+            final=tracer.final,
+            cell_peak=tracer.cell_peak,
+            final_reserved=tracer.final_reserved,
+            host_initial=tracer.initial_host,
+            host_final=tracer.final_host,
+            host_cell_peak=tracer.host_cell_peak,
+            elapsed_ns=tracer.elapsed_ns,
+            timeline=list(tracer.timeline),
+            host_method=host_method,
+            error_index=error_index,
+            error=error,
+            oom=oom,
+        )
+
+    # -- data ----------------------------------------------------------------------------------
+    @property
+    def has_breakdown(self) -> bool:
+        return any(p is not None for p in self.parts)
+
+    @property
+    def net_change(self) -> int:
+        return self.final - self.initial
+
+    @property
+    def peak_above_start(self) -> int:
+        return self.cell_peak - self.initial
+
+    @property
+    def lines(self) -> pd.DataFrame:
+        """One row per statement that ran (hits > 0), in the cell's order."""
+        if self._lines is None:
+            import pandas as pd
+
+            rows = []
+            for s in self.statements:
+                i = s.index
+                if self.hits[i] == 0:
+                    continue
+                row: dict[str, Any] = {
+                    "line": s.line,
+                    "source": s.source,
+                    "hits": self.hits[i],
+                    "delta_bytes": self.delta[i],
+                    "peak_bytes": self.peak[i],
+                    "allocated_bytes": self.after[i],
+                    "reserved_bytes": self.reserved_after[i],
+                    "host_delta_bytes": self.host_delta[i],
+                    "host_peak_bytes": self.host_peak[i],
+                    "host_bytes": self.host_after[i],
+                    "time_us": self.time_ns[i] / 1000.0,
+                    "depth": s.depth,
+                    "kind": s.kind,
+                }
+                if self.has_breakdown:
+                    p = self.parts[i]
+                    if p is None:
+                        row.update(dict.fromkeys(BREAKDOWN_COLUMNS))
+                    else:
+                        other = max(self.after[i] - sum(p), 0)
+                        row.update(zip(BREAKDOWN_COLUMNS, (*p, other)))
+                row["failed"] = i == self.error_index
+                rows.append(row)
+            columns = LINE_COLUMNS + (BREAKDOWN_COLUMNS if self.has_breakdown else []) + ["failed"]
+            df = pd.DataFrame(rows, columns=columns)
+            for c in df.columns:
+                if c.endswith("_bytes") and not (self.has_breakdown and c in BREAKDOWN_COLUMNS):
+                    df[c] = df[c].astype("int64")
+            self._lines = df
+        return self._lines
+
+    def _ran(self) -> list[Statement]:
+        return [s for s in self.statements if self.hits[s.index] > 0]
+
+    def _hot(self) -> set[int]:
+        """The heaviest statements: largest peaks and largest allocations, if non-trivial."""
+        floor = max(abs(self.peak_above_start) * 0.05, 1 << 20)
+        by_peak = sorted(self._ran(), key=lambda s: -self.peak[s.index])[:HOT_ROWS]
+        by_delta = sorted(self._ran(), key=lambda s: -self.delta[s.index])[:HOT_ROWS]
+        hot = {s.index for s in by_peak if self.peak[s.index] >= floor}
+        hot |= {s.index for s in by_delta if self.delta[s.index] >= floor}
+        return hot
+
+    # -- plot ------------------------------------------------------------------------------------
+    def plot(self, ax: Any = None) -> Any:
+        """Allocated memory over the statements as they ran (matplotlib). Returns the Axes."""
+        import matplotlib.pyplot as plt
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(8, 3))
+        xs = list(range(len(self.timeline)))
+        cur = [p[1] / 2**20 for p in self.timeline]
+        peaks = [p[3] / 2**20 for p in self.timeline]
+        ax.step(xs, cur, where="post", label="allocated after statement", color="#3b7dd8")
+        ax.plot(xs, peaks, ".", markersize=3, label="peak within statement", color="#f0ad4e")
+        ax.set_xlabel("statement executions, in order")
+        ax.set_ylabel("MiB")
+        ax.set_title(f"%%memtrace: {self.device.label}")
+        lines_by_index = {s.index: s.line for s in self.statements}
+        top = sorted(range(1, len(self.timeline)), key=lambda k: -self.timeline[k][3])[:3]
+        for k in top:
+            idx = self.timeline[k][2]
+            if idx in lines_by_index:
+                ax.annotate(
+                    f"line {lines_by_index[idx]}",
+                    (k, peaks[k]),
+                    fontsize=8,
+                    textcoords="offset points",
+                    xytext=(2, 4),
+                )
+        ax.legend(loc="best", fontsize=8)
+        return ax
+
+    # -- display (gpumagic.render.memtrace) -------------------------------------------------------
+    def _text(self) -> str:
+        from gpumagic.render.memtrace import memtrace_text
+
+        return memtrace_text(self)
+
+    def _html(self) -> str:
+        from gpumagic.render.memtrace import memtrace_html
+
+        return memtrace_html(self)

@@ -1,0 +1,1 @@
+"""Rendering: mime bundles (text/plain + text/html), SVG charts, the live view."""

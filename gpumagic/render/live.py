@@ -1,0 +1,137 @@
+"""A display slot refreshed from a background thread while a cell runs.
+
+Shared by ``%%memtrace`` (statement running now + memory so far), ``%%gpuprofile``
+(elapsed, steps so far) and ``%gpuwatch`` (the live chart). The caller supplies a
+``render()`` callback that builds HTML from data it already has; the view calls it
+at most once per ``interval`` seconds on its own thread and pushes the result only
+when it changed, so a live view never asks the device for anything.
+
+Front ends: in a Jupyter kernel with ipywidgets, an ``ipywidgets.HTML`` (widget comm
+messages flow while the kernel is busy running the cell); in a kernel without
+ipywidgets, an output updated in place through a display handle; in a terminal,
+nothing live (printing a frame a second would bury the cell's own output).
+``GPUMAGIC_LIVE=widget|display|off`` overrides the choice.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+_MODES = ("widget", "display", "off")
+
+
+def detect_mode() -> str:
+    """Which live front end this process can drive: ``widget``, ``display`` or ``off``."""
+    forced = os.environ.get("GPUMAGIC_LIVE", "").strip().lower()
+    if forced in _MODES:
+        return forced
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython is a dependency
+        return "off"
+    shell = get_ipython()
+    if shell is None or getattr(shell, "kernel", None) is None:
+        return "off"  # terminal IPython or a plain InteractiveShell: no rich front end
+    try:
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        return "display"
+    return "widget"
+
+
+class LiveView:
+    """A throttled, thread-driven display slot; ``start()`` and ``finish()`` run on the main thread."""
+
+    def __init__(
+        self,
+        render: Callable[[], str | None],
+        *,
+        delay: float = 1.0,
+        interval: float = 1.0,
+        mode: str | None = None,
+        name: str = "gpumagic-live",
+    ) -> None:
+        self._render = render
+        self.delay = delay
+        self.interval = max(interval, 0.05)
+        self.mode = mode or detect_mode()
+        self._name = name
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._widget: Any = None
+        self._handle: Any = None
+        self._last_html: str | None = None
+        self.pushes = 0  # frames actually sent to the front end (tests read this)
+        self.error: BaseException | None = None  # last error of render(), never raised into cells
+
+    # -- main thread -------------------------------------------------------------------------
+    def start(self) -> LiveView:
+        if self.mode == "off":
+            return self
+        from IPython.display import display
+
+        if self.mode == "widget":
+            import ipywidgets
+
+            self._widget = ipywidgets.HTML(value="")
+            self._handle = display(self._widget, display_id=True)
+        else:
+            # An empty placeholder that the thread fills in place via update_display_data.
+            self._handle = display({"text/plain": ""}, raw=True, display_id=True)
+        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._thread.start()
+        return self
+
+    def finish(self, final: Any = None) -> None:
+        """Stop the thread, then put ``final`` (an object with a mime bundle, or None) in the slot."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self._thread = None
+        if self._handle is None:
+            return
+        if final is not None:
+            self._handle.update(final)
+        else:
+            self._handle.update({"text/plain": ""}, raw=True)
+        if self._widget is not None:
+            self._widget.close()
+            self._widget = None
+        self._handle = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # -- any thread --------------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Render now and push if changed (the thread calls this; tests may too)."""
+        try:
+            html = self._render()
+        except Exception as exc:  # a live view must never break the cell it watches
+            self.error = exc
+            return
+        if html is None or html == self._last_html:
+            return
+        self._last_html = html
+        try:
+            if self._widget is not None:
+                self._widget.value = html
+            elif self._handle is not None:
+                self._handle.update({"text/html": html, "text/plain": ""}, raw=True)
+            self.pushes += 1
+        except Exception as exc:  # front end gone (kernel shutting down): stop quietly
+            self.error = exc
+            self._stop.set()
+
+    def _run(self) -> None:
+        if self._stop.wait(self.delay):
+            return
+        while not self._stop.is_set():
+            started = time.monotonic()
+            self.refresh()
+            self._stop.wait(max(self.interval - (time.monotonic() - started), 0.05))
