@@ -30,6 +30,7 @@ from __future__ import annotations
 import ast
 import builtins
 import itertools
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from types import CodeType
@@ -140,11 +141,13 @@ def prepare(shell: Any, cell: str, header: str | None, *, instrument: bool = Fal
     # the transformed text so that line numbers stay right.
     same_lines = len(raw_lines) == len(transformed.splitlines())
     shown = raw_source if same_lines else prefix + transformed
-    filename = shell.compile.cache(shown, getattr(shell, "execution_count", 0), raw_code=raw_source)
+    filename = shell.compile.cache(shown, _cell_number(shell), raw_code=raw_source)
     try:
         # A blank first line for the magic's own line: every node then carries the
         # line number the notebook shows.
-        tree = ast.parse("\n" * prefix.count("\n") + transformed, filename=filename)
+        # The shell's own parser: same flags (and __future__ imports of earlier cells), so
+        # a syntax error reads exactly as it would in a plain cell.
+        tree = shell.compile.ast_parse("\n" * prefix.count("\n") + transformed, filename=filename)
     except SyntaxError as err:
         setattr(err, _SYNTAX_MARK, True)
         raise
@@ -186,6 +189,22 @@ def prepare(shell: Any, cell: str, header: str | None, *, instrument: bool = Fal
         setattr(err, _SYNTAX_MARK, True)
         raise
     return PreparedCell(filename, raw_source, statements, body, last, hook_names)
+
+
+def _cell_number(shell: Any) -> int:
+    """The ``In[n]`` number of the cell running the magic, for tracebacks' "Cell In[n]".
+
+    IPython 9 increments ``execution_count`` before the cell runs (8.x after), so the
+    number is read off the calling cell's own code name instead, where IPython keeps it.
+    """
+    names = getattr(shell.compile, "_filename_map", {})
+    frame = sys._getframe(1)
+    while frame is not None:
+        number = names.get(frame.f_code.co_filename)
+        if number is not None:
+            return int(number)
+        frame = frame.f_back
+    return int(getattr(shell, "execution_count", 0))
 
 
 class _Instrumenter:

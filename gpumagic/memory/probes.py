@@ -12,6 +12,11 @@ unavailable (not Linux, a locked-down container), a sampling thread polls the RS
 millisecond and the peak is the highest sample: a statement shorter than that may show
 no peak above its end state.
 
+RSS counts pages in use, not bytes handed out: glibc serves allocations below its mmap
+threshold (128 KiB, rising up to 32 MiB after large frees) from heap pages it already
+holds, so a small tensor may not move the RSS while a large one (above 32 MiB always)
+shows to the page. The CUDA numbers below are the allocator's exact bytes.
+
 CUDA: one ``torch.cuda.memory_stats(device)`` call per reading (``memory_allocated()``
 and friends rebuild the same dictionary on every call), and
 ``torch.cuda.reset_peak_memory_stats(device)`` at each statement start. That reset is

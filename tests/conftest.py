@@ -1,0 +1,85 @@
+"""Shared fixtures: a real IPython shell with the extension loaded, and the trace folder."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("MPLBACKEND", "Agg")
+# No live widgets in the plain test shell; kernel tests set their own.
+os.environ.setdefault("GPUMAGIC_LIVE", "off")
+
+REPO = Path(__file__).resolve().parents[1]
+TRACES = REPO.parent / "shared" / "traces"
+
+
+@pytest.fixture(scope="session")
+def shell():
+    from IPython.testing.globalipapp import start_ipython
+
+    ip = start_ipython()
+    ip.run_cell("%load_ext gpumagic", store_history=False)
+    yield ip
+
+
+@pytest.fixture
+def ip(shell):
+    """The shell with user variables from earlier tests removed."""
+    keep = set(shell.user_ns_hidden)
+    for name in list(shell.user_ns):
+        if name not in keep and not name.startswith("_"):
+            del shell.user_ns[name]
+    shell.user_ns.pop("_memtrace", None)
+    return shell
+
+
+class Run:
+    """What a cell did: the ExecutionResult, captured stdout and rich outputs."""
+
+    def __init__(self, result, cap):
+        self.result = result
+        self.stdout = cap.stdout
+        self.outputs = cap.outputs
+
+    @property
+    def bundles(self):
+        return [o.data for o in self.outputs]
+
+    def html(self) -> str:
+        return "".join(b.get("text/html", "") for b in self.bundles)
+
+    @property
+    def plain_stdout(self) -> str:
+        return re.sub(r"\x1b\[[0-9;]*m", "", self.stdout)
+
+
+@pytest.fixture
+def run(ip):
+    """run(cell) -> Run, capturing stdout and display outputs."""
+    from IPython.utils.capture import capture_output
+
+    def _run(cell: str, **kw) -> Run:
+        with capture_output() as cap:
+            result = ip.run_cell(cell, store_history=True, **kw)
+        return Run(result, cap)
+
+    return _run
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def pytest_collection_modifyitems(config, items):
+    if any("gpu" in item.keywords for item in items) and not _cuda_available():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)

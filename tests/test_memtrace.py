@@ -1,0 +1,252 @@
+"""%%memtrace on real torch on the CPU: deltas, peaks, loops, the host OOM path."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+MiB = 2**20
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(autouse=True)
+def _torch_in_namespace(ip):
+    ip.user_ns["torch"] = torch
+
+
+def row(trace, line):
+    rows = trace.lines[trace.lines["line"] == line]
+    assert len(rows) == 1, trace.lines
+    return rows.iloc[0]
+
+
+def test_known_allocation_delta_peak_and_release(ip, run):
+    r = run(
+        "%%memtrace -q\n"
+        "import torch\n"
+        "a = torch.zeros(16 * 2**20, dtype=torch.float32)\n"  # 64 MiB, pages touched
+        "b = (a * 2).sum()\n"  # a 64 MiB temporary, freed before the line ends
+        "del a\n"
+    )
+    assert r.result.success, r.stdout
+    t = ip.user_ns["_memtrace"]
+    assert t.device.kind == "host"
+    alloc = row(t, 3)
+    assert 62 * MiB <= alloc.delta_bytes <= 70 * MiB
+    temp = row(t, 4)
+    assert temp.peak_bytes >= 60 * MiB, "the temporary must show in the peak"
+    assert abs(temp.delta_bytes) < 8 * MiB, "but not in the delta"
+    release = row(t, 5)
+    assert -70 * MiB <= release.delta_bytes <= -60 * MiB
+    # host columns equal the device columns when the device is the host
+    assert alloc.host_delta_bytes == alloc.delta_bytes
+    assert set(t.lines.columns) >= {
+        "line", "source", "hits", "delta_bytes", "peak_bytes", "allocated_bytes",
+        "reserved_bytes", "host_delta_bytes", "host_peak_bytes",
+    }
+
+
+def test_loop_rows_have_hit_counts(ip, run):
+    r = run(
+        "%%memtrace -q\n"
+        "total = 0\n"
+        "for i in range(5):\n"
+        "    total += i\n"
+        "    if i % 2:\n"
+        "        total -= 1\n"
+        "    elif i == 4:\n"
+        "        total += 100\n"
+        "n = 0\n"
+        "while n < 3:\n"
+        "    n += 1\n"
+        "with open(__import__('os').devnull) as f:\n"
+        "    f.read()\n"
+        "try:\n"
+        "    1 / 0\n"
+        "except ZeroDivisionError:\n"
+        "    caught = True\n"
+        "finally:\n"
+        "    done = True\n"
+    )
+    assert r.result.success, r.stdout
+    assert ip.user_ns["total"] == 0 + 1 + 2 + 3 + 4 - 2 + 100
+    t = ip.user_ns["_memtrace"]
+    hits = dict(zip(t.lines["line"], t.lines["hits"]))
+    assert hits[3] == 6  # for header: 5 iterations + the final next()
+    assert hits[4] == 5
+    assert hits[5] == 5  # if test
+    assert hits[6] == 2  # odd i
+    assert hits[7] == 3  # elif test, even i
+    assert hits[8] == 1
+    assert hits[10] == 4  # while test: 3 true + 1 false
+    assert hits[11] == 3
+    assert hits[12] == 1 and hits[13] == 1  # with header and its body
+    assert hits[15] == 1 and hits[17] == 1 and hits[19] == 1  # try body, except body, finally body
+    depth = dict(zip(t.lines["line"], t.lines["depth"]))
+    assert depth[3] == 0 and depth[4] == 1 and depth[6] == 2 and depth[7] == 1
+    src = dict(zip(t.lines["line"], t.lines["source"]))
+    assert src[3] == "for i in range(5):"
+    assert src[7] == "elif i == 4:"
+
+
+def test_statements_on_one_line_and_multiline_statement(ip, run):
+    r = run("%%memtrace -q\na = 1; b = 2\nc = [\n    a,\n    b,\n]\n")
+    assert r.result.success
+    t = ip.user_ns["_memtrace"]
+    assert list(t.lines["line"]) == [2, 2, 3]
+    assert t.lines.iloc[2]["source"].startswith("c = [")
+
+
+def test_result_storage_quiet_and_output_name(ip, run):
+    r = run("%%memtrace -q -o first\nx = 1\n")
+    assert r.outputs == []  # --quiet displays nothing
+    assert ip.user_ns["first"] is ip.user_ns["_memtrace"]
+    r = run("%%memtrace\ny = 2\n")
+    assert ip.user_ns["_memtrace"] is not ip.user_ns["first"]
+    (bundle,) = r.bundles
+    assert "text/plain" in bundle and "text/html" in bundle
+    assert 'class="gpumagic gpumagic-memtrace"' in bundle["text/html"]
+    assert "y = 2" in bundle["text/plain"]
+
+
+def test_line_magic_traces_one_statement(ip, run):
+    r = run("%memtrace -q big = torch.ones(2**24)")
+    assert r.result.success, r.stdout
+    t = ip.user_ns["_memtrace"]
+    assert list(t.lines["line"]) == [1]
+    assert 63 * MiB <= t.lines.iloc[0]["delta_bytes"] <= 66 * MiB
+    assert ip.user_ns["big"].numel() == 2**24
+    r = run("%memtrace 6 * 7")
+    assert r.result.result == 42
+
+
+def test_html_escapes_source_and_highlights_heaviest(ip, run):
+    r = run("%%memtrace\ns = '<b>not bold</b>'\nbuf = torch.ones(2**23)\n")
+    html = r.html()
+    assert "<b>not bold</b>" not in html
+    assert "&lt;b&gt;not bold&lt;/b&gt;" in html
+    assert 'class="gm-hot"' in html  # the 32 MiB line
+
+
+def test_breakdown_params_grads_optimizer(ip, run):
+    r = run(
+        "%%memtrace -q\n"
+        "from torch import nn\n"
+        "model = nn.Linear(1024, 1024)\n"
+        "opt = torch.optim.Adam(model.parameters())\n"
+        "loss = model(torch.randn(8, 1024)).sum()\n"
+        "loss.backward()\n"
+        "opt.step()\n"
+    )
+    assert r.result.success, r.stdout
+    t = ip.user_ns["_memtrace"]
+    param_bytes = sum(p.numel() * p.element_size() for p in ip.user_ns["model"].parameters())
+    lines = t.lines.set_index("line")
+    assert lines.loc[3, "params_bytes"] == param_bytes
+    assert lines.loc[3, "grads_bytes"] == 0
+    assert lines.loc[6, "grads_bytes"] == param_bytes
+    assert lines.loc[6, "optimizer_bytes"] == 0
+    # Adam keeps exp_avg and exp_avg_sq per parameter (plus a scalar step each)
+    assert 2 * param_bytes <= lines.loc[7, "optimizer_bytes"] <= 2 * param_bytes + 64
+
+
+def test_host_out_of_memory_for_real(ip, run):
+    r = run(
+        "%%memtrace\n"
+        "from torch import nn\n"
+        "net = nn.Linear(256, 256)\n"
+        "net(torch.randn(4, 256)).sum().backward()\n"
+        "keep = torch.ones(2**21)\n"
+        "huge = torch.empty(2**45, dtype=torch.uint8)\n"
+        "after = 1\n"
+    )
+    err = r.result.error_in_exec
+    assert isinstance(err, RuntimeError) and "can't allocate memory" in str(err)
+    assert "after" not in ip.user_ns
+    assert r.plain_stdout.count("DefaultCPUAllocator: can't allocate memory") == 1  # raised once
+    t = ip.user_ns["_memtrace"]
+    failed = t.lines[t.lines["failed"]]
+    assert list(failed["line"]) == [6]
+    oom = t.oom
+    assert oom is not None and oom.requested == 2**45
+    assert oom.free is not None and oom.free > 0
+    names = {h.name: h.role for h in oom.holders}
+    assert names["keep"] == "tensor"
+    assert names["net.weight"] == "parameter"
+    assert names["net.weight.grad"] == "gradient"
+    html = r.html()
+    assert "32.0 TiB" in html and "net.weight.grad" in html and "gm-error" in html
+    assert any("batch size" in a for a in oom.advice)
+    # the kernel keeps working
+    r = run("%%memtrace -q\nok = torch.ones(4).sum().item()\n")
+    assert r.result.success and ip.user_ns["ok"] == 4.0
+
+
+def test_oom_frames_do_not_keep_memory_alive(ip, run):
+    r = run(
+        "%%memtrace -q\n"
+        "import weakref\n"
+        "refs = []\n"
+        "def step():\n"
+        "    activations = torch.ones(2**22)\n"
+        "    refs.append(weakref.ref(activations))\n"
+        "    return torch.empty(2**45, dtype=torch.uint8)\n"
+        "step()\n"
+    )
+    assert isinstance(r.result.error_in_exec, RuntimeError)
+    gc.collect()
+    assert ip.user_ns["refs"][0]() is None, "the failed frame still holds its tensors"
+
+
+def test_other_errors_keep_frames_for_debugging(ip, run):
+    r = run(
+        "%%memtrace -q\n"
+        "import weakref\n"
+        "refs = []\n"
+        "def step():\n"
+        "    activations = torch.ones(16)\n"
+        "    refs.append(weakref.ref(activations))\n"
+        "    raise ValueError('not an oom')\n"
+        "step()\n"
+    )
+    assert isinstance(r.result.error_in_exec, ValueError)
+    assert ip.user_ns["refs"][0]() is not None  # %debug can still see the locals
+
+
+def test_memory_error_gets_a_report(ip, run):
+    r = run("%%memtrace -q\nx = 1\nraise MemoryError()\n")
+    assert isinstance(r.result.error_in_exec, MemoryError)
+    t = ip.user_ns["_memtrace"]
+    assert t.oom is not None and t.oom.requested is None
+    assert t.error_index >= 0 and t.lines.iloc[-1]["failed"]
+
+
+def test_failing_cell_shows_partial_table(ip, run):
+    r = run("%%memtrace\na = torch.ones(2**20)\nb = 1 / 0\nc = 3\n")
+    assert isinstance(r.result.error_in_exec, ZeroDivisionError)
+    (bundle,) = r.bundles  # the report, shown before the traceback
+    assert "failed at line 3" in bundle["text/html"]
+    t = ip.user_ns["_memtrace"]
+    assert list(t.lines["line"]) == [2, 3]
+
+
+def test_plot_draws_memory_over_statements(ip, run):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    # 64 MiB: above glibc's largest mmap threshold, so RSS follows it exactly
+    run("%%memtrace -q\nx = torch.ones(2**24)\ndel x\n")
+    ax = ip.user_ns["_memtrace"].plot()
+    assert len(ax.lines) >= 2
+    ys = ax.lines[0].get_ydata()
+    assert max(ys) - min(ys) >= 60  # MiB
+
+
+def test_many_iterations_keep_the_timeline_bounded(ip, run):
+    r = run("%%memtrace -q\nfor i in range(20000):\n    x = i * 2\n")
+    assert r.result.success
+    t = ip.user_ns["_memtrace"]
+    assert dict(zip(t.lines["line"], t.lines["hits"]))[3] == 20000
+    assert len(t.timeline) <= 4097
