@@ -250,3 +250,21 @@ def test_many_iterations_keep_the_timeline_bounded(ip, run):
     t = ip.user_ns["_memtrace"]
     assert dict(zip(t.lines["line"], t.lines["hits"]))[3] == 20000
     assert len(t.timeline) <= 4097
+
+
+def test_live_view_html_from_probe_data(ip):
+    from gpumagic.cell import prepare
+    from gpumagic.memory.session import TraceSession
+    from gpumagic.render.memtrace import memtrace_live_html
+
+    prepared = prepare(ip, "x = torch.ones(2**24)\ny = 1\n", "%%memtrace", instrument=True)
+    session = TraceSession(prepared.statements, ip.user_ns)
+    probe = session.probe
+    probe.enter(0)
+    ip.user_ns["x_live"] = torch.ones(2**24)
+    probe.enter(1)  # statement 1 (line 3) is running now
+    html = memtrace_live_html(session.tracer)
+    session.finish()
+    assert 'class="gpumagic gpumagic-memtrace-live"' in html
+    assert "running line 3 (hit 1)" in html
+    assert "<svg" in html and "<polyline" in html

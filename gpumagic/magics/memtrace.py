@@ -85,6 +85,7 @@ class MemtraceMagics(Magics):
         shown = result if not opts.quiet else None
         if live is not None and live.mode != "off":
             live.finish(shown)
+            result.live_frames = live.pushes
         elif shown is not None:
             from IPython.display import display
 

@@ -63,6 +63,7 @@ class MemTrace(Rendered):
     error_index: int = -1  # statement that raised, -1 if the cell completed
     error: str = ""  # "ZeroDivisionError: division by zero"
     oom: OomReport | None = None
+    live_frames: int = 0  # frames the live view pushed while the cell ran
     _lines: Any = field(default=None, repr=False)
 
     @classmethod

@@ -6,10 +6,12 @@ from typing import TYPE_CHECKING
 
 from gpumagic.memory.oom import OomReport
 from gpumagic.render.html import bar, escape, kv, table, text_table, wrap
+from gpumagic.render.svg import Chart, Series, render_chart
 from gpumagic.units import fmt_bytes, fmt_count, fmt_us
 
 if TYPE_CHECKING:
     from gpumagic.memory.report import MemTrace
+    from gpumagic.memory.tracer import MemoryTracer
 
 
 def _header_text(self: MemTrace) -> str:

@@ -1,0 +1,54 @@
+"""%%memtrace in a real Jupyter kernel (nbclient): live view, Out[], error outputs."""
+
+from __future__ import annotations
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+
+
+def execute(cells, monkeypatch, allow_errors=True):
+    monkeypatch.delenv("GPUMAGIC_LIVE", raising=False)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
+    client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=allow_errors)
+    client.execute()
+    return nb
+
+
+def html_of(cell):
+    return "".join(o.get("data", {}).get("text/html", "") for o in cell.outputs)
+
+
+def test_live_view_then_final_report_in_a_kernel(monkeypatch):
+    nb = execute(
+        [
+            "%load_ext gpumagic",
+            "%%memtrace\nimport time\nx = 0\nfor i in range(25):\n    time.sleep(0.1)\n    x += i\nx",
+            "print(_memtrace.live_frames)",
+        ],
+        monkeypatch,
+    )
+    traced, frames = nb.cells[1], nb.cells[2]
+    kinds = [o.output_type for o in traced.outputs]
+    assert "error" not in kinds, traced.outputs
+    # the live widget was replaced in place by the final report
+    html = html_of(traced)
+    assert 'class="gpumagic gpumagic-memtrace"' in html
+    assert "gpumagic-memtrace-live" not in html
+    assert not any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in traced.outputs)
+    # Out[] carries the cell's value
+    results = [o for o in traced.outputs if o.output_type == "execute_result"]
+    assert results and results[0]["data"]["text/plain"] == str(sum(range(25)))
+    # the live view pushed at least one frame during the 2.5 s cell
+    assert int(frames.outputs[0]["text"].strip()) >= 1
+
+
+def test_error_cell_in_a_kernel_fails_once_with_the_report(monkeypatch):
+    nb = execute(["%load_ext gpumagic", "%%memtrace\na = 1\nb = a / 0\n", "print('still alive')"], monkeypatch)
+    failing = nb.cells[1]
+    errors = [o for o in failing.outputs if o.output_type == "error"]
+    assert len(errors) == 1 and errors[0]["ename"] == "ZeroDivisionError"
+    assert "failed at line 3" in html_of(failing)
+    assert nb.cells[2].outputs[0]["text"].strip() == "still alive"
