@@ -182,7 +182,15 @@ class ModelMemory:
         )
 
     def measure(self) -> tuple[int, int, int] | None:
-        """(parameters, gradients, optimizer state) bytes; None when no model is in sight."""
+        """(parameters, gradients, optimizer state) bytes; None when no model is in sight.
+
+        Runs on the probe path, so it sizes tensors by ``data_ptr``/``nbytes`` (a fraction
+        of a microsecond) rather than by storage objects; parameters, gradients and
+        optimizer state are whole tensors, so the two agree."""
+        kinds = (self._module_t, self._optim_t)
+        values = [v for k, v in list(self._ns.items()) if not k.startswith("_") and isinstance(v, kinds)]
+        if not values:
+            return None
         keep = self._keep
         seen: set[int] = set()
         params = grads = state = 0
@@ -190,18 +198,12 @@ class ModelMemory:
         def size(t: Any) -> int:
             if t is None or not keep(t):
                 return 0
-            ptr, nbytes = _storage_key(t)
+            ptr = t.data_ptr()
             if ptr in seen:
                 return 0
             seen.add(ptr)
-            return nbytes
+            return int(t.nbytes)
 
-        kinds = (self._module_t, self._optim_t)
-        values = [
-            v for k, v in list(self._ns.items()) if not k.startswith("_") and isinstance(v, kinds)
-        ]
-        if not values:
-            return None
         for v in values:
             if isinstance(v, self._module_t):
                 for p in v.parameters():
@@ -215,6 +217,6 @@ class ModelMemory:
                         grads += size(p.grad)
                 for st in v.state.values():
                     for t in st.values():
-                        if hasattr(t, "untyped_storage"):
+                        if hasattr(t, "data_ptr"):
                             state += size(t)
         return params, grads, state

@@ -1,0 +1,148 @@
+"""%%memtrace overhead, as ratios against the same cell run plainly in the same process.
+
+Workloads (the same code for every runner):
+  cnn   - a small CNN training cell, 40 steps on the CPU (target: memtrace <= 1.03x)
+  tight - a tight Python loop of 20,000 cheap statements (reported, no target)
+Runners:
+  plain         - the cell through IPython's run_cell
+  memtrace      - the same cell under %%memtrace --quiet
+  memory_profiler - memory_profiler's line profiler on the same code as a function (the anchor)
+Runs alternate (plain, memtrace, plain, ...) and the medians are compared, so drift on a
+shared machine hits every runner alike.
+
+    python benchmarks/bench_memtrace.py [--repeats 5] [--steps 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import statistics
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+SETUP = """\
+import torch
+from torch import nn
+torch.manual_seed(0)
+torch.set_num_threads(1)
+model = nn.Sequential(
+    nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+    nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+    nn.Flatten(), nn.Linear(32 * 8 * 8, 10),
+)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+data = torch.randn(32, 3, 32, 32)
+target = torch.randint(0, 10, (32,))
+"""
+
+CNN_CELL = """\
+for step in range(STEPS):
+    optimizer.zero_grad(set_to_none=True)
+    out = model(data)
+    loss = nn.functional.cross_entropy(out, target)
+    loss.backward()
+    optimizer.step()
+final = loss.item()
+"""
+
+TIGHT_CELL = """\
+acc = 0
+for i in range(10000):
+    a = i + 1
+    acc = acc + a
+"""
+
+
+def _as_function(body: str, name: str) -> str:
+    return f"def {name}():\n    global final, acc\n" + textwrap.indent(body, "    ") + "\n"
+
+
+def run(repeats: int, steps: int) -> dict[str, dict[str, float]]:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    os.environ.setdefault("GPUMAGIC_LIVE", "off")
+    shell = InteractiveShell.instance()
+    shell.run_cell("%load_ext gpumagic", store_history=False)
+    shell.run_cell(SETUP, store_history=False)
+    cells = {"cnn": CNN_CELL.replace("STEPS", str(steps)), "tight": TIGHT_CELL}
+
+    have_mprof = importlib.util.find_spec("memory_profiler") is not None
+    mprof_funcs = {}
+    if have_mprof:
+        from memory_profiler import LineProfiler
+
+        # memory_profiler needs the code in a real file to profile it line by line
+        tmp = Path(tempfile.mkdtemp()) / "mprof_workloads.py"
+        tmp.write_text(
+            SETUP + "\n" + "\n".join(_as_function(body, f"work_{k}") for k, body in cells.items())
+        )
+        spec = importlib.util.spec_from_file_location("mprof_workloads", tmp)
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        for k in cells:
+            lp = LineProfiler(backend="psutil")
+            mprof_funcs[k] = lp(getattr(module, f"work_{k}"))
+
+    def timed_cell(cell: str) -> float:
+        t0 = time.perf_counter()
+        res = shell.run_cell(cell, store_history=False, silent=True)
+        dt = time.perf_counter() - t0
+        if not res.success:
+            raise RuntimeError(f"benchmark cell failed: {res.error_in_exec!r}")
+        return dt
+
+    results: dict[str, dict[str, float]] = {}
+    for name, cell in cells.items():
+        timed_cell(cell)  # warm-up: first-call costs (kernels, allocator) out of the way
+        timed_cell("%%memtrace --quiet\n" + cell)
+        times: dict[str, list[float]] = {"plain": [], "memtrace": [], "memory_profiler": []}
+        for _ in range(repeats):
+            times["plain"].append(timed_cell(cell))
+            times["memtrace"].append(timed_cell("%%memtrace --quiet\n" + cell))
+            if have_mprof:
+                t0 = time.perf_counter()
+                mprof_funcs[name]()
+                times["memory_profiler"].append(time.perf_counter() - t0)
+        med = {k: statistics.median(v) for k, v in times.items() if v}
+        # ratio of each adjacent pair, then the median: a burst of load from another
+        # process hits one pair, not the estimate
+        med["memtrace_ratio"] = statistics.median(m / p for m, p in zip(times["memtrace"], times["plain"]))
+        if times["memory_profiler"]:
+            med["memory_profiler_ratio"] = statistics.median(
+                m / p for m, p in zip(times["memory_profiler"], times["plain"])
+            )
+        results[name] = med
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=40)
+    args = parser.parse_args(argv)
+    results = run(args.repeats, args.steps)
+    print(f"%%memtrace overhead: seconds are medians, ratios the median of {args.repeats} adjacent pairs (same process)")
+    print(f"{'workload':<8} {'plain':>9} {'memtrace':>9} {'ratio':>7} {'mem_prof':>9} {'ratio':>8}")
+    ok = True
+    for name, med in results.items():
+        plain = med["plain"]
+        mt = med["memtrace_ratio"]
+        mp = med.get("memory_profiler")
+        mp_text = f"{mp:9.3f} {med['memory_profiler_ratio']:7.2f}x" if mp else f"{'n/a':>9} {'':>8}"
+        print(f"{name:<8} {plain:9.3f} {med['memtrace']:9.3f} {mt:6.3f}x {mp_text}")
+        if name == "cnn" and mt > 1.03:
+            ok = False
+    if "memory_profiler" not in results["cnn"]:
+        print("memory_profiler not installed: pip install memory_profiler (the 'bench' extra)")
+    print(f"target: cnn memtrace ratio <= 1.03 -> {'met' if ok else 'NOT met'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""Run every benchmark of the project in one go (``make bench``); each prints its own ratios."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+BENCHMARKS = ["bench_memtrace", "bench_profile", "bench_watch"]
+
+
+def main() -> int:
+    status = 0
+    for name in BENCHMARKS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:
+                continue
+            raise
+        print(f"\n=== {name} ===", flush=True)
+        status |= int(module.main([]) or 0)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
