@@ -33,7 +33,7 @@ import itertools
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from types import CodeType
+from types import CodeType, FrameType
 from typing import Any, Protocol
 
 __all__ = [
@@ -198,7 +198,7 @@ def _cell_number(shell: Any) -> int:
     number is read off the calling cell's own code name instead, where IPython keeps it.
     """
     names = getattr(shell.compile, "_filename_map", {})
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         number = names.get(frame.f_code.co_filename)
         if number is not None:

@@ -56,7 +56,7 @@ class MemtraceMagics(Magics):
         else:
             opts = PARSER.parse_line(line)
             source, header = cell, f"%%memtrace {line}".rstrip()
-        shell = self.shell
+        shell: Any = self.shell
         prepared = prepare(shell, source, header, instrument=True)
         try:
             session = TraceSession(prepared.statements, shell.user_ns, opts.device)
@@ -78,7 +78,7 @@ class MemtraceMagics(Magics):
         return value
 
     def _show(self, result: Any, opts: Any, live: Any) -> None:
-        ns = self.shell.user_ns
+        ns: dict[str, Any] = self.shell.user_ns  # type: ignore[union-attr]
         ns["_memtrace"] = result
         if opts.output:
             ns[opts.output] = result

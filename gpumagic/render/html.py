@@ -34,7 +34,7 @@ STYLE = """
   cursor: default; }
 .gpumagic table.gm-table td.gm-left, .gpumagic table.gm-table th.gm-left { text-align: left; }
 .gpumagic table.gm-table td.gm-code { font-family: var(--jp-code-font-family, monospace);
-  text-align: left; white-space: pre; max-width: 48em; overflow: hidden; text-overflow: ellipsis; }
+  text-align: left; white-space: pre; max-width: 36em; overflow: hidden; text-overflow: ellipsis; }
 .gpumagic tr.gm-hot { background: rgba(217, 83, 79, 0.10); }
 .gpumagic tr.gm-error { background: rgba(217, 83, 79, 0.28); }
 .gpumagic .gm-bar { display: inline-block; height: 9px; vertical-align: middle; border-radius: 1px; }

@@ -61,20 +61,10 @@ def memtrace_html(self: MemTrace) -> str:
     hot = self._hot()
     host_cols = self.device.kind != "host"
     scale = max([abs(self.delta[s.index]) for s in ran] + [self.peak[s.index] for s in ran] + [1])
-    headers = [
-        "line",
-        "statement",
-        "hits",
-        "time",
-        "Δ allocated",
-        "",
-        "peak in statement",
-        "",
-        "allocated after",
-        "reserved after",
-    ]
+    # On the host, allocated and reserved are both the RSS: one column says it.
+    headers = ["line", "statement", "hits", "time", "Δ allocated", "peak in statement", "allocated after"]
     if host_cols:
-        headers += ["host Δ", "host peak"]
+        headers += ["reserved after", "host Δ", "host peak"]
     if self.has_breakdown:
         headers += ["params", "grads", "optimizer", "other"]
     rows, classes, titles = [], [], []
@@ -88,15 +78,16 @@ def memtrace_html(self: MemTrace) -> str:
             "&nbsp;" * (4 * s.depth) + escape(first) + more,
             fmt_count(self.hits[i]),
             fmt_us(self.time_ns[i] / 1000),
-            fmt_bytes(d, signed=True),
-            bar(abs(d) / scale, "#d9534f" if d > 0 else "#5cb85c"),
-            fmt_bytes(self.peak[i]),
-            bar(self.peak[i] / scale, "#f0ad4e"),
+            fmt_bytes(d, signed=True) + " " + bar(abs(d) / scale, "#d9534f" if d > 0 else "#5cb85c", 60),
+            fmt_bytes(self.peak[i]) + " " + bar(self.peak[i] / scale, "#f0ad4e", 60),
             fmt_bytes(self.after[i]),
-            fmt_bytes(self.reserved_after[i]),
         ]
         if host_cols:
-            cells += [fmt_bytes(self.host_delta[i], signed=True), fmt_bytes(self.host_peak[i])]
+            cells += [
+                fmt_bytes(self.reserved_after[i]),
+                fmt_bytes(self.host_delta[i], signed=True),
+                fmt_bytes(self.host_peak[i]),
+            ]
         if self.has_breakdown:
             p = self.parts[i]
             if p is None:

@@ -133,3 +133,10 @@ def render_chart(chart: Chart) -> str:
         )
     out.append("</svg>")
     return "".join(out)
+
+
+def render_small_multiples(charts: Sequence[Chart], gap: int = 6) -> str:
+    """Charts side by side, wrapping to the next line when the output area is narrow
+    (one row per GPU reads as a row on a wide screen and a column on a phone)."""
+    body = "".join(f"<div>{render_chart(chart)}</div>" for chart in charts)
+    return f'<div style="display:flex;flex-wrap:wrap;gap:{gap}px;align-items:flex-start">{body}</div>'
