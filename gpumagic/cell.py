@@ -164,24 +164,18 @@ def prepare(shell: Any, cell: str, header: str | None, *, instrument: bool = Fal
         tree.body = instrumenter.block(tree.body, depth=0)
 
     body_nodes = list(tree.body)
-    last_expr_node: ast.expr | None = None
-    if body_nodes and isinstance(body_nodes[-1], ast.Expr):
-        last_expr_node = body_nodes.pop().value
-    flags = getattr(shell.compile, "flags", 0)
+    last_expr_node = _split_result(
+        body_nodes, getattr(shell, "ast_node_interactivity", "last_expr")
+    )
     try:
+        # The shell's compiler, as for a plain cell: it applies and remembers __future__ flags.
         body = (
-            compile(
-                ast.Module(body=body_nodes, type_ignores=[]),
-                filename,
-                "exec",
-                flags,
-                dont_inherit=True,
-            )
+            shell.compile(ast.Module(body=body_nodes, type_ignores=[]), filename, "exec")
             if body_nodes
             else None
         )
         last = (
-            compile(ast.Expression(body=last_expr_node), filename, "eval", flags, dont_inherit=True)
+            shell.compile(ast.Expression(body=last_expr_node), filename, "eval")
             if last_expr_node is not None
             else None
         )
@@ -189,6 +183,28 @@ def prepare(shell: Any, cell: str, header: str | None, *, instrument: bool = Fal
         setattr(err, _SYNTAX_MARK, True)
         raise
     return PreparedCell(filename, raw_source, statements, body, last, hook_names)
+
+
+def _split_result(body: list[ast.stmt], interactivity: str) -> ast.expr | None:
+    """Take off ``body`` the expression whose value the cell shows, as IPython's
+    ``ast_node_interactivity`` says: the trailing expression by default, nothing for
+    ``none``, the last assignment's target for ``last_expr_or_assign``. (``all`` shows
+    only the last value here: a magic returns one value.)"""
+    if not body or interactivity == "none":
+        return None
+    last = body[-1]
+    if isinstance(last, ast.Expr):
+        body.pop()
+        return last.value
+    if interactivity == "last_expr_or_assign":
+        target = None
+        if isinstance(last, ast.Assign) and len(last.targets) == 1:
+            target = last.targets[0]
+        elif isinstance(last, (ast.AugAssign, ast.AnnAssign)) and last.value is not None:
+            target = last.target
+        if isinstance(target, ast.Name):
+            return ast.copy_location(ast.Name(id=target.id, ctx=ast.Load()), last)
+    return None
 
 
 def _cell_number(shell: Any) -> int:
@@ -328,6 +344,8 @@ class _Instrumenter:
             for case in node.cases:
                 case.body = self.block(case.body, depth + 1)
             return [node]
+        if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+            return [node]  # must stay first in the cell; it does nothing at run time
         # Simple statements, def/class (their bodies run later, charged to the caller),
         # async constructs (only valid inside functions here).
         index = self._register(

@@ -132,3 +132,28 @@ def test_exception_propagates_once_and_kernel_keeps_working(ip, run):
     assert r.plain_stdout.count("KeyError: 'boom'") == 1
     r = run("%%memtrace -q\nfine = True\n")
     assert r.result.success and ip.user_ns["fine"] is True
+
+
+def test_ast_node_interactivity_is_honoured(ip, run):
+    old = ip.ast_node_interactivity
+    try:
+        ip.ast_node_interactivity = "last_expr_or_assign"
+        assert run("%%memtrace -q\nx = 6\ny = x * 7\n").result.result == 42
+        ip.ast_node_interactivity = "none"
+        assert run("%%memtrace -q\n6 * 7\n").result.result is None
+    finally:
+        ip.ast_node_interactivity = old
+
+
+def test_future_imports_of_the_cell_apply(ip, run):
+    r = run("%%memtrace -q\nfrom __future__ import annotations\ndef f(x: UndefinedType) -> int:\n    return 1\nf(0)\n")
+    assert r.result.success, r.stdout
+    assert r.result.result == 1
+
+
+def test_output_name_must_be_an_identifier(run):
+    from IPython.core.error import UsageError
+
+    r = run("%%memtrace -o not-a-name\nx = 1\n")
+    assert isinstance(r.result.error_in_exec, UsageError)
+    assert "not a valid variable name" in str(r.result.error_in_exec)

@@ -268,3 +268,28 @@ def test_live_view_html_from_probe_data(ip):
     assert 'class="gpumagic gpumagic-memtrace-live"' in html
     assert "running line 3 (hit 1)" in html
     assert "<svg" in html and "<polyline" in html
+
+
+def test_sampled_peak_fallback_sees_a_transient_allocation():
+    import time
+
+    from gpumagic.memory.probes import HostMemory
+
+    exact, sampled = HostMemory(), HostMemory(force_sampled=True)
+    try:
+        assert exact.method == "clear_refs" and sampled.method == "sampled"
+        assert "sampled" in sampled.why
+        start = sampled.read().current
+        exact.reset_peak()
+        sampled.reset_peak()
+        tmp = torch.ones(2**24)  # 64 MiB, held long enough for the 1 ms sampler
+        time.sleep(0.05)
+        del tmp
+        time.sleep(0.01)
+        for reader in (exact, sampled):
+            reading = reader.read()
+            assert reading.peak - start >= 60 * MiB, reader.method
+            assert reading.current - start < 8 * MiB
+    finally:
+        exact.close()
+        sampled.close()

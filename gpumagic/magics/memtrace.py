@@ -56,6 +56,8 @@ class MemtraceMagics(Magics):
         else:
             opts = PARSER.parse_line(line)
             source, header = cell, f"%%memtrace {line}".rstrip()
+        if opts.output is not None and not opts.output.isidentifier():
+            raise PARSER.usage_error(f"-o {opts.output!r}: not a valid variable name")
         shell: Any = self.shell
         prepared = prepare(shell, source, header, instrument=True)
         try:
