@@ -1,0 +1,56 @@
+"""``gpumagic analyze PATH [--html OUT.html] [--rows N]``: the report in a terminal.
+
+Wired into ``python -m gpumagic analyze`` by :mod:`gpumagic.__main__`; ``main`` takes the
+arguments after ``analyze`` (or with it) and returns the exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from gpumagic.profile.errors import TraceError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpumagic analyze",
+        description="Analyse a torch.profiler Chrome trace (or a directory of per-rank traces).",
+    )
+    p.add_argument("path", help="trace file (.json / .json.gz) or directory of rank traces")
+    p.add_argument("--html", metavar="OUT.html", help="also write a self-contained HTML report")
+    p.add_argument("--rows", type=int, default=10, metavar="N", help="rows per table (default 10)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    if args_in[:1] == ["analyze"]:
+        args_in = args_in[1:]
+    args = build_parser().parse_args(args_in)
+    if args.rows < 1:
+        sys.stderr.write("gpumagic analyze: --rows must be at least 1\n")
+        return 2
+
+    from gpumagic.profile.load import load_trace
+
+    try:
+        result = load_trace(args.path)
+        text = result.to_text(rows=args.rows)
+    except TraceError as e:
+        sys.stderr.write(f"gpumagic analyze: {e}\n")
+        return 1
+    sys.stdout.write(text + "\n")
+    if args.html:
+        try:
+            out = result.export(args.html, rows=max(args.rows, 25))
+        except OSError as e:
+            sys.stderr.write(f"gpumagic analyze: cannot write {args.html}: {e.strerror or e}\n")
+            return 1
+        sys.stdout.write(f"HTML report: {out}\n")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,646 @@
+"""Decode a Chrome trace into columns holding only what the analysis reads.
+
+Kineto traces are large (a 6-step ResNet-50 trace is 35 MB of JSON, 75k events) and
+most of each event is never looked at (call stacks, module hierarchies, flow ids). A
+schema-driven decoder (msgspec ``Struct`` types, unknown fields skipped without being
+materialised) reads them several times faster than ``json.loads`` into dicts, and the
+events are then split by kind into numpy columns so every later step is vectorised.
+
+Both schemas are understood: the old one (categories ``Operator``, ``Runtime``,
+``Kernel``, ``Memcpy``, ``Memset``; ``external id``) and the newer one (``cpu_op``,
+``user_annotation``, ``cuda_runtime``, ``cuda_driver``, ``kernel``, ``gpu_memcpy``,
+``gpu_memset``, ``cuda_sync``, flow events ``ac2g``), including ROCm traces, which
+reuse the CUDA category names with ``hip*`` runtime calls.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from operator import attrgetter, itemgetter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar, Union
+
+import msgspec
+import numpy as np
+
+from gpumagic.profile.errors import TraceError
+
+
+# Events are a tagged union on "ph", so flow arrows and metadata (a third of a Kineto
+# trace) decode into empty or tiny structs, and "args" stays raw JSON (a zero-copy view)
+# until a kind that needs it is decoded in one batch with its own small schema.
+class _Complete(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
+    cat: str = ""
+    name: str = ""
+    pid: int | str = 0
+    tid: int | str = 0
+    ts: float = 0.0
+    dur: float = 0.0
+    args: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
+
+
+class _Instant(msgspec.Struct, gc=False, tag_field="ph", tag="i"):
+    name: str = ""
+    ts: float = 0.0
+    args: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
+
+
+class _InstantUpper(_Instant, tag="I"):  # the deprecated spelling of "i"
+    pass
+
+
+_INSTANTS = {_Instant, _InstantUpper}
+
+
+class _Ignored(msgspec.Struct, gc=False, tag_field="ph", tag="M"):
+    pass
+
+
+class _Flow(msgspec.Struct, gc=False, tag_field="ph", tag="s"):
+    """A flow arrow, decoded with its fields only when launches must be matched by it."""
+
+    cat: str = ""
+    id: int | str = -1
+    ts: float = 0.0
+
+
+class _FlowStep(_Flow, tag="t"):
+    pass
+
+
+class _FlowEnd(_Flow, tag="f"):
+    pass
+
+
+def _ignored(tag: str) -> type:
+    return msgspec.defstruct(f"_Ignored_{ord(tag)}", [], bases=(_Ignored,), tag=tag)
+
+
+# Every other phase of the Chrome trace format: counters, async and object events,
+# metadata, B/E pairs (Kineto writes complete "X" events, never B/E), and, in the main
+# pass, flow arrows: correlation ids link launches to kernels without them.
+_OTHER_PHASES = ["B", "E", "C", "b", "n", "e", "P", "O", "N", "D", "V", "v", "R", "c", "(", ")"]
+_IGNORED_OTHER = tuple(_ignored(ph) for ph in _OTHER_PHASES)
+_IGNORED_FLOWS = tuple(_ignored(ph) for ph in ("s", "t", "f"))
+_IGNORED_MAIN = tuple(_ignored(ph) for ph in ("X", "i", "I"))
+_EVENT_TYPES = (_Complete, _Instant, _InstantUpper, _Ignored, *_IGNORED_OTHER, *_IGNORED_FLOWS)
+_FLOW_TYPES = (_Flow, _FlowStep, _FlowEnd, _Ignored, *_IGNORED_OTHER, *_IGNORED_MAIN)
+if TYPE_CHECKING:  # the unions are built at run time; msgspec reads them, mypy cannot
+    _EventUnion = Any
+    _FlowUnion = Any
+else:
+    _EventUnion = Union[_EVENT_TYPES]  # noqa: UP007 - a Union of a tuple built above
+    _FlowUnion = Union[_FLOW_TYPES]  # noqa: UP007
+
+
+S = TypeVar("S", bound=msgspec.Struct)
+
+
+class _GpuArgs(msgspec.Struct, gc=False):
+    # -1 / NaN stand for "not recorded" so the columns stay numeric (no object arrays).
+    correlation: int = -1
+    stream: int | str = -1
+    device: int = -1
+    blocks_per_sm: float = msgspec.field(default=math.nan, name="blocks per SM")
+    occupancy: float = msgspec.field(default=math.nan, name="est. achieved occupancy %")
+    nbytes: int = msgspec.field(default=-1, name="bytes")
+
+
+class _RuntimeArgs(msgspec.Struct, gc=False):
+    correlation: int = -1
+
+
+class _HostArgs(msgspec.Struct, gc=False):
+    input_dims: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw, name="Input Dims")
+    input_dims_old: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw, name="Input dims")
+    input_type: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw, name="Input type")
+
+
+class _MemoryArgs(msgspec.Struct, gc=False):
+    nbytes: int = msgspec.field(default=0, name="Bytes")
+    total_allocated: float = msgspec.field(default=math.nan, name="Total Allocated")
+    total_reserved: float = msgspec.field(default=math.nan, name="Total Reserved")
+    device_type: int = msgspec.field(default=-1, name="Device Type")
+    device_id: int = msgspec.field(default=-1, name="Device Id")
+
+
+def _decode_args(struct: type[S], raws: list[msgspec.Raw]) -> list[S]:
+    """Decode the ``args`` of one kind of event in a single call: ``[args, args, ...]``."""
+    if not raws:
+        return []
+    if not all(map(len, raws)):  # events without args become {}
+        raws = [r if len(r) else msgspec.Raw(b"{}") for r in raws]
+    payload = b"[" + b",".join(raws) + b"]"
+    try:
+        return _ARGS_DECODERS[struct].decode(payload)
+    except msgspec.ValidationError:
+        # Some writers put "N/A" or null where Kineto writes numbers: keep the events and
+        # drop only the values that do not fit (slow path, per event).
+        return [_lenient(struct, item) for item in msgspec.json.decode(payload)]
+
+
+def _lenient(struct: type[S], item: object) -> S:
+    if not isinstance(item, dict):
+        return struct()
+    kept = {}
+    for f in msgspec.structs.fields(struct):
+        if f.encode_name in item:
+            try:
+                msgspec.convert(item[f.encode_name], f.type)
+            except msgspec.ValidationError:
+                continue
+            kept[f.encode_name] = item[f.encode_name]
+    return msgspec.convert(kept, struct)
+
+
+_ARGS_DECODERS: dict[type, msgspec.json.Decoder[Any]] = {
+    _GpuArgs: msgspec.json.Decoder(list[_GpuArgs]),
+    _RuntimeArgs: msgspec.json.Decoder(list[_RuntimeArgs]),
+    _HostArgs: msgspec.json.Decoder(list[_HostArgs]),
+    _MemoryArgs: msgspec.json.Decoder(list[_MemoryArgs]),
+}
+
+
+class _Device(msgspec.Struct):
+    id: int = 0
+    name: str = ""
+    totalGlobalMem: int = 0
+    computeMajor: int = -1
+    computeMinor: int = 0
+    numSms: int = 0
+
+
+class _Distributed(msgspec.Struct):
+    rank: int | None = None
+    world_size: int | None = None
+    backend: str | None = None
+
+
+class _TraceFile(msgspec.Struct):
+    traceEvents: list[_EventUnion]
+    deviceProperties: list[_Device] = []  # msgspec copies mutable defaults per instance
+    distributedInfo: _Distributed | None = None
+
+
+# A bare JSON array of events is also a valid Chrome trace.
+_DECODER = msgspec.json.Decoder(_TraceFile | list[_EventUnion])
+
+
+class _FlowFile(msgspec.Struct):
+    traceEvents: list[_FlowUnion]
+
+
+_FLOW_DECODER = msgspec.json.Decoder(_FlowFile | list[_FlowUnion])
+
+_CAT = attrgetter("cat")
+_NAME = attrgetter("name")
+_PID = attrgetter("pid")
+_TID = attrgetter("tid")
+_TS = attrgetter("ts")
+_DUR = attrgetter("dur")
+_ARGS = attrgetter("args")
+
+
+# Event kinds, by category (lower-cased: old traces capitalise, new ones do not).
+HOST, RUNTIME, KERNEL, MEMCPY, MEMSET, SYNC, IGNORED = range(7)
+_CATEGORY_KIND = {
+    "cpu_op": HOST,
+    "operator": HOST,
+    "user_annotation": HOST,
+    "python": HOST,
+    "cuda_runtime": RUNTIME,
+    "runtime": RUNTIME,
+    # Triton and other JITs launch through the driver API (cuLaunchKernel).
+    "cuda_driver": RUNTIME,
+    "kernel": KERNEL,
+    "gpu_memcpy": MEMCPY,
+    "memcpy": MEMCPY,
+    "gpu_memset": MEMSET,
+    "memset": MEMSET,
+    "cuda_sync": SYNC,
+}
+
+
+@dataclass
+class Names:
+    """Strings stored once: ``codes`` index into ``values``."""
+
+    codes: np.ndarray
+    values: list[str]
+
+    @classmethod
+    def of(cls, strings: list[str]) -> Names:
+        index: dict[str, int] = {}
+        add = index.setdefault
+        # a dict of the distinct names is faster here than pandas.factorize on objects
+        codes = np.fromiter([add(s, len(index)) for s in strings], np.int32, len(strings))
+        return cls(codes, list(index))
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def at(self, i: int) -> str:
+        return self.values[int(self.codes[i])]
+
+    def mask(self, predicate: Callable[[str], object]) -> np.ndarray:
+        """Boolean row mask of the rows whose name satisfies ``predicate``."""
+        hits = np.array([bool(predicate(v)) for v in self.values], dtype=np.bool_)
+        return hits[self.codes] if len(self.values) else np.zeros(len(self.codes), bool)
+
+
+@dataclass
+class HostEvents:
+    """CPU-side spans: operators, ``record_function`` annotations, ProfilerStep marks."""
+
+    name: Names
+    ts: np.ndarray
+    end: np.ndarray
+    thread: np.ndarray  # int64 code of (pid, tid)
+    args: list[msgspec.Raw]  # raw JSON per row, decoded on demand (shapes, dtypes)
+
+    def inputs(self, rows: np.ndarray) -> tuple[list[str], list[str]]:
+        """``Input Dims`` and ``Input type`` of ``rows`` as JSON text ("" when not recorded)."""
+        decoded = _decode_args(_HostArgs, [self.args[i] for i in rows.tolist()])
+        dims = [bytes(a.input_dims or a.input_dims_old).decode() for a in decoded]
+        types = [bytes(a.input_type).decode() for a in decoded]
+        return dims, types
+
+
+@dataclass
+class RuntimeEvents:
+    """Host calls into the CUDA/HIP runtime or driver (launches, copies, syncs)."""
+
+    name: Names
+    ts: np.ndarray
+    end: np.ndarray
+    thread: np.ndarray
+    correlation: np.ndarray  # int64, -1 when absent
+
+
+@dataclass
+class GpuEvents:
+    """Work on the device: kernels, copies and sets, with their launch correlation."""
+
+    kind: np.ndarray  # int8: KERNEL, MEMCPY or MEMSET
+    name: Names
+    ts: np.ndarray
+    end: np.ndarray
+    device: np.ndarray
+    stream: np.ndarray
+    correlation: np.ndarray
+    blocks_per_sm: np.ndarray  # float, NaN when not reported
+    occupancy: np.ndarray  # est. achieved occupancy %, NaN when not reported
+    nbytes: np.ndarray
+
+
+@dataclass
+class SyncEvents:
+    """``cuda_sync`` events: the device side of stream/event/context synchronisations."""
+
+    name: Names
+    ts: np.ndarray
+    end: np.ndarray
+
+
+@dataclass
+class MemoryEvents:
+    """``[memory]`` instants from ``profile_memory=True``: one per allocation or free."""
+
+    ts: np.ndarray
+    device_type: np.ndarray  # 0 CPU, 1 CUDA (c10::DeviceType)
+    device_id: np.ndarray
+    nbytes: np.ndarray  # signed: negative for frees
+    total_allocated: np.ndarray  # NaN in traces that do not record it
+    total_reserved: np.ndarray
+
+
+@dataclass
+class Device:
+    """One GPU from the trace's ``deviceProperties``."""
+
+    id: int
+    name: str
+    memory_bytes: int
+    compute_capability: tuple[int, int] | None
+    sms: int
+
+
+@dataclass
+class Trace:
+    """One rank's trace, decoded into columns."""
+
+    source: str
+    rank: int | None
+    world_size: int | None
+    devices: list[Device]
+    host: HostEvents
+    runtime: RuntimeEvents
+    gpu: GpuEvents
+    syncs: SyncEvents
+    memory: MemoryEvents
+    start: float  # first event start, µs since the epoch the trace uses
+    end: float  # last event end
+    events: int  # duration events kept
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def has_gpu(self) -> bool:
+        return len(self.gpu.ts) > 0
+
+    def device(self, device_id: int) -> Device | None:
+        for d in self.devices:
+            if d.id == device_id:
+                return d
+        return self.devices[0] if len(self.devices) == 1 else None
+
+
+# --- reading bytes -----------------------------------------------------------------------
+
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def read_trace_bytes(path: Path) -> bytes:
+    """The JSON text of a ``.json`` or ``.json.gz`` file (gzip detected by its magic bytes)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise TraceError(path, "no such file") from None
+    except IsADirectoryError:
+        raise TraceError(path, "is a directory, not a trace file") from None
+    except OSError as e:
+        raise TraceError(path, f"cannot be read ({e.strerror or e})") from None
+    if not data:
+        raise TraceError(path, "the file is empty")
+    if data[:2] != _GZIP_MAGIC:
+        return data
+    # wbits=47: accept gzip or zlib headers; a decompressobj tells a truncated stream
+    # (no end-of-stream marker) apart from a complete one, which zlib.decompress does not.
+    parts = []
+    rest = data
+    try:
+        while rest[:2] == _GZIP_MAGIC:  # concatenated members are valid gzip
+            d = zlib.decompressobj(47)
+            parts.append(d.decompress(rest))
+            if not d.eof:
+                raise TraceError(path, "the gzip stream is truncated (the file was cut off)")
+            rest = d.unused_data
+    except zlib.error as e:
+        raise TraceError(path, f"is not a valid gzip file ({e})") from None
+    out = b"".join(parts) if len(parts) > 1 else parts[0]
+    if not out or out.isspace():  # isspace stops at the first other byte: no copy
+        raise TraceError(path, "the file is empty (after decompression)")
+    return out
+
+
+# Some Kineto versions wrote bare N/A values (invalid JSON); the TensorBoard plugin works
+# around them by rewriting them before parsing. They become null, dropped from args.
+_BARE_NA = re.compile(rb'(?<!")\bN/A\b(?!")')
+
+
+def _decode(data: bytes, source: object) -> _TraceFile | list[_EventUnion]:
+    try:
+        return _DECODER.decode(data)
+    except msgspec.ValidationError as e:
+        msg = str(e)
+        if "missing required field `traceEvents`" in msg:
+            raise TraceError(source, "is JSON but not a Chrome trace (no traceEvents)") from None
+        if msg.startswith("Expected `object | array`") or msg.startswith(
+            "Expected `array | object`"
+        ):
+            raise TraceError(
+                source, "is JSON but not a Chrome trace (neither an object nor an array)"
+            ) from None
+        raise TraceError(source, f"is not a Chrome trace the profiler writes: {msg}") from None
+    except msgspec.DecodeError as e:
+        if b"N/A" in data:
+            try:
+                return _DECODER.decode(_BARE_NA.sub(b"null", data))
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                pass
+        msg = str(e)
+        why = (
+            "truncated JSON (the file was cut off)"
+            if "truncated" in msg
+            else f"invalid JSON ({msg})"
+        )
+        raise TraceError(source, why) from None
+
+
+# --- columns -------------------------------------------------------------------------------
+
+
+def _take(items: list[Any], rows: np.ndarray) -> list[Any]:
+    if len(rows) > 1:
+        return list(itemgetter(*rows.tolist())(items))
+    return [items[i] for i in rows.tolist()]
+
+
+def _floats(values: Iterable[float], n: int) -> np.ndarray:
+    return np.fromiter(values, np.float64, n)
+
+
+def _ints(values: Iterable[int], n: int) -> np.ndarray:
+    return np.fromiter(values, np.int64, n)
+
+
+def _codes(values: list[int | str]) -> tuple[np.ndarray, int]:
+    index: dict[int | str, int] = {}
+    add = index.setdefault
+    codes = np.fromiter([add(v, len(index)) for v in values], np.int64, len(values))
+    return codes, len(index)
+
+
+def _thread_codes(pids: list[int | str], tids: list[int | str]) -> np.ndarray:
+    # (pid, tid) identifies a thread; ints and strings both occur ("tid": "stream 7").
+    p, _ = _codes(pids)
+    t, nt = _codes(tids)
+    return p * max(nt, 1) + t
+
+
+def decode_trace(data: bytes, source: str) -> Trace:
+    """Decode a trace's JSON text (see :func:`read_trace_bytes`) into a :class:`Trace`."""
+    decoded = _decode(data, source)
+    if isinstance(decoded, list):
+        events, devices_raw, dist = decoded, [], None
+    else:
+        events, devices_raw, dist = (
+            decoded.traceEvents,
+            decoded.deviceProperties,
+            decoded.distributedInfo,
+        )
+    del decoded
+    if not events:
+        raise TraceError(source, "the trace has no events (traceEvents is empty)")
+
+    complete: list[_Complete] = [e for e in events if e.__class__ is _Complete]
+    instants: list[_Instant] = [
+        e for e in events if e.__class__ in _INSTANTS and e.name == "[memory]"
+    ]
+    del events
+
+    # Classify by category, looked up once per distinct category string.
+    cats = Names.of(list(map(_CAT, complete)))
+    kind_of = np.array([_CATEGORY_KIND.get(c.lower(), IGNORED) for c in cats.values], dtype=np.int8)
+    kinds = kind_of[cats.codes] if len(kind_of) else np.zeros(0, np.int8)
+
+    def rows(*wanted: int) -> np.ndarray:
+        return (
+            np.flatnonzero(np.isin(kinds, wanted))
+            if len(wanted) > 1
+            else np.flatnonzero(kinds == wanted[0])
+        )
+
+    host_sub, rt_sub = _take(complete, rows(HOST)), _take(complete, rows(RUNTIME))
+    # one coding of (pid, tid) for both, so runtime calls nest inside operators
+    threads = _thread_codes(
+        list(map(_PID, host_sub)) + list(map(_PID, rt_sub)),
+        list(map(_TID, host_sub)) + list(map(_TID, rt_sub)),
+    )
+    host = _host_events(host_sub, threads[: len(host_sub)])
+    runtime = _runtime_events(rt_sub, threads[len(host_sub) :])
+    del host_sub, rt_sub
+    gpu_rows = rows(KERNEL, MEMCPY, MEMSET)
+    gpu = _gpu_events(_take(complete, gpu_rows), kinds[gpu_rows])
+    syncs = _sync_events(_take(complete, rows(SYNC)))
+    memory = _memory_events(instants)
+    del complete, instants
+    if (gpu.correlation < 0).any() and len(runtime.ts):
+        _correlate_by_flows(data, gpu, runtime)
+
+    spans = [(x.ts, x.end) for x in (host, runtime, gpu, syncs) if len(x.ts)]
+    if not spans:
+        raise TraceError(source, "the trace has no duration events (ph 'X') to analyse")
+    n_kept = sum(len(s) for s, _ in spans)
+    start = min(float(s.min()) for s, _ in spans)
+    end = max(float(e.max()) for _, e in spans)
+    devices = [
+        Device(
+            id=d.id,
+            name=d.name,
+            memory_bytes=d.totalGlobalMem,
+            compute_capability=(d.computeMajor, d.computeMinor) if d.computeMajor >= 0 else None,
+            sms=d.numSms,
+        )
+        for d in devices_raw
+    ]
+    return Trace(
+        source=source,
+        rank=dist.rank if dist is not None else None,
+        world_size=dist.world_size if dist is not None else None,
+        devices=devices,
+        host=host,
+        runtime=runtime,
+        gpu=gpu,
+        syncs=syncs,
+        memory=memory,
+        start=start,
+        end=end,
+        events=n_kept,
+    )
+
+
+def _host_events(sub: list[_Complete], thread: np.ndarray) -> HostEvents:
+    n = len(sub)
+    ts = _floats(map(_TS, sub), n)
+    return HostEvents(
+        name=Names.of(list(map(_NAME, sub))),
+        ts=ts,
+        end=ts + _floats(map(_DUR, sub), n),
+        thread=thread,
+        args=list(map(_ARGS, sub)),
+    )
+
+
+def _runtime_events(sub: list[_Complete], thread: np.ndarray) -> RuntimeEvents:
+    n = len(sub)
+    ts = _floats(map(_TS, sub), n)
+    args = _decode_args(_RuntimeArgs, list(map(_ARGS, sub)))
+    return RuntimeEvents(
+        name=Names.of(list(map(_NAME, sub))),
+        ts=ts,
+        end=ts + _floats(map(_DUR, sub), n),
+        thread=thread,
+        correlation=_ints(map(attrgetter("correlation"), args), n),
+    )
+
+
+def _gpu_events(sub: list[_Complete], kinds: np.ndarray) -> GpuEvents:
+    n = len(sub)
+    args = _decode_args(_GpuArgs, list(map(_ARGS, sub)))
+    ts = _floats(map(_TS, sub), n)
+    streams = list(map(attrgetter("stream"), args))
+    if set(map(type, streams)) <= {int}:
+        stream = _ints(streams, n)
+    else:
+        stream = np.fromiter((s if type(s) is int else -1 for s in streams), np.int64, n)
+    if n and (stream < 0).any():
+        # No stream argument: in Kineto's layout the GPU "thread" is the stream.
+        tids, _ = _codes(list(map(_TID, sub)))
+        stream = np.where(stream < 0, 1_000_000 + tids, stream)
+    device = _ints(map(attrgetter("device"), args), n)
+    if n and (device < 0).any():
+        pids = np.fromiter((p if type(p) is int else -1 for p in map(_PID, sub)), np.int64, n)
+        device = np.where(device < 0, pids, device)
+    return GpuEvents(
+        kind=kinds.astype(np.int8, copy=False),
+        name=Names.of(list(map(_NAME, sub))),
+        ts=ts,
+        end=ts + _floats(map(_DUR, sub), n),
+        device=device,
+        stream=stream,
+        correlation=_ints(map(attrgetter("correlation"), args), n),
+        blocks_per_sm=_floats(map(attrgetter("blocks_per_sm"), args), n),
+        occupancy=_floats(map(attrgetter("occupancy"), args), n),
+        nbytes=_ints(map(attrgetter("nbytes"), args), n),
+    )
+
+
+def _sync_events(sub: list[_Complete]) -> SyncEvents:
+    n = len(sub)
+    ts = _floats(map(_TS, sub), n)
+    return SyncEvents(
+        name=Names.of(list(map(_NAME, sub))), ts=ts, end=ts + _floats(map(_DUR, sub), n)
+    )
+
+
+def _memory_events(sub: list[_Instant]) -> MemoryEvents:
+    n = len(sub)
+    args = _decode_args(_MemoryArgs, list(map(_ARGS, sub)))
+    return MemoryEvents(
+        ts=_floats(map(_TS, sub), n),
+        device_type=_ints(map(attrgetter("device_type"), args), n),
+        device_id=_ints(map(attrgetter("device_id"), args), n),
+        nbytes=_ints(map(attrgetter("nbytes"), args), n),
+        total_allocated=_floats(map(attrgetter("total_allocated"), args), n),
+        total_reserved=_floats(map(attrgetter("total_reserved"), args), n),
+    )
+
+
+_LAUNCH_FLOWS = {"ac2g", "async", "async_cpu_to_gpu"}
+
+
+def _correlate_by_flows(data: bytes, gpu: GpuEvents, runtime: RuntimeEvents) -> None:
+    """Fill missing GPU correlations from launch flow arrows (``ph`` s/f sharing an ``id``).
+
+    Some writers omit ``args.correlation`` but keep the arrows: the start sits on the
+    runtime call and the finish on the GPU event, each at that event's timestamp. Rare,
+    so the flows are decoded in a second pass only then.
+    """
+    decoded = _FLOW_DECODER.decode(data)
+    events = decoded if isinstance(decoded, list) else decoded.traceEvents
+    launch = [f for f in events if isinstance(f, _Flow) and f.cat.lower() in _LAUNCH_FLOWS]
+    start_ts = {f.id: f.ts for f in launch if f.__class__ is _Flow}
+    finish_id = {f.ts: f.id for f in launch if f.__class__ is _FlowEnd}
+    rt_at = {float(t): i for i, t in enumerate(runtime.ts.tolist())}
+    for g in np.flatnonzero(gpu.correlation < 0).tolist():
+        fid = finish_id.get(float(gpu.ts[g]))
+        r = rt_at.get(start_ts[fid]) if fid is not None and fid in start_ts else None
+        if r is None:
+            continue
+        if runtime.correlation[r] < 0:
+            runtime.correlation[r] = 10**15 + r  # unique: real ids are far smaller
+        gpu.correlation[g] = runtime.correlation[r]

@@ -1,0 +1,121 @@
+"""What the running session can tell the diagnosis that a trace cannot.
+
+A trace shows ``_SingleProcessDataLoaderIter`` but not whether ``pin_memory`` was set;
+it shows fp32 matmul kernels but not whether TF32 was allowed. When ``%%gpuprofile``
+runs a cell it can look at the session (the DataLoaders and optimizers in the user's
+namespace, ``torch.backends`` flags) and hand that to the rules as a :class:`LiveState`
+to confirm or rule out what the trace hints. Every field is optional: ``None`` means
+"not known", and a rule then decides from the trace alone.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class LoaderState:
+    """A ``torch.utils.data.DataLoader`` found in the namespace."""
+
+    name: str
+    num_workers: int
+    pin_memory: bool
+    batch_size: int | None = None
+
+
+@dataclass(frozen=True)
+class OptimizerState:
+    """A ``torch.optim.Optimizer`` found in the namespace (``foreach``/``fused`` as configured)."""
+
+    name: str
+    kind: str  # class name: "SGD", "AdamW"
+    foreach: bool | None = None
+    fused: bool | None = None
+
+
+@dataclass(frozen=True)
+class LiveState:
+    """Session facts the rules may use; ``None`` everywhere means trace-only diagnosis."""
+
+    loaders: tuple[LoaderState, ...] = ()
+    optimizers: tuple[OptimizerState, ...] = ()
+    cudnn_benchmark: bool | None = None  # torch.backends.cudnn.benchmark
+    cudnn_allow_tf32: bool | None = None  # torch.backends.cudnn.allow_tf32
+    matmul_allow_tf32: bool | None = None  # torch.backends.cuda.matmul.allow_tf32
+    float32_matmul_precision: str | None = None  # torch.get_float32_matmul_precision()
+    autocast_enabled: bool | None = None  # the cell ran (some of) its work under autocast
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def num_workers(self) -> int | None:
+        """The smallest ``num_workers`` among the loaders found (the likely bottleneck)."""
+        return min((d.num_workers for d in self.loaders), default=None)
+
+    @property
+    def pin_memory(self) -> bool | None:
+        if not self.loaders:
+            return None
+        return all(d.pin_memory for d in self.loaders)
+
+    @property
+    def tf32_matmul(self) -> bool | None:
+        """Whether fp32 matmuls may use TF32 tensor cores."""
+        if self.matmul_allow_tf32 is not None:
+            return self.matmul_allow_tf32
+        if self.float32_matmul_precision is not None:
+            return self.float32_matmul_precision != "highest"
+        return None
+
+
+def capture_live_state(
+    namespace: Mapping[str, Any], autocast_enabled: bool | None = None
+) -> LiveState:
+    """Read the facts the rules use from a user namespace and torch's global flags.
+
+    Imports nothing: when the session has not imported torch, there is nothing to find.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return LiveState(autocast_enabled=autocast_enabled)
+    loaders: list[LoaderState] = []
+    optimizers: list[OptimizerState] = []
+    loader_cls = getattr(getattr(getattr(torch, "utils", None), "data", None), "DataLoader", None)
+    optim_cls = getattr(getattr(torch, "optim", None), "Optimizer", None)
+    for name, value in list(namespace.items()):
+        if name.startswith("_"):
+            continue
+        if loader_cls is not None and isinstance(value, loader_cls):
+            loaders.append(
+                LoaderState(
+                    name=name,
+                    num_workers=int(getattr(value, "num_workers", 0)),
+                    pin_memory=bool(getattr(value, "pin_memory", False)),
+                    batch_size=getattr(value, "batch_size", None),
+                )
+            )
+        elif optim_cls is not None and isinstance(value, optim_cls):
+            defaults = getattr(value, "defaults", {}) or {}
+            optimizers.append(
+                OptimizerState(
+                    name=name,
+                    kind=type(value).__name__,
+                    foreach=defaults.get("foreach"),
+                    fused=defaults.get("fused"),
+                )
+            )
+    backends = getattr(torch, "backends", None)
+    cudnn = getattr(backends, "cudnn", None)
+    matmul = getattr(getattr(backends, "cuda", None), "matmul", None)
+    precision = getattr(torch, "get_float32_matmul_precision", None)
+    return LiveState(
+        loaders=tuple(loaders),
+        optimizers=tuple(optimizers),
+        cudnn_benchmark=getattr(cudnn, "benchmark", None),
+        cudnn_allow_tf32=getattr(cudnn, "allow_tf32", None),
+        matmul_allow_tf32=getattr(matmul, "allow_tf32", None),
+        float32_matmul_precision=precision() if callable(precision) else None,
+        autocast_enabled=autocast_enabled,
+    )

@@ -1,0 +1,221 @@
+"""``ProfileResult``: what ``load_trace`` returns and ``%%gpuprofile`` displays.
+
+One object per trace file or per directory of ranks. Its tables are pandas DataFrames
+(kept, filtered, saved by the user), its ``findings`` the ranked diagnosis, and it
+renders as one mime bundle (text and HTML) or a self-contained HTML file.
+
+For several ranks the tables describe the slowest rank, the one that sets the pace of
+a synchronous job; :attr:`ProfileResult.per_rank` compares them all side by side and
+:meth:`ProfileResult.rank` gives any one of them.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpumagic.profile.analysis import Analysis, IdleReport
+from gpumagic.profile.breakdown import CATEGORIES
+from gpumagic.profile.live import LiveState
+from gpumagic.profile.rules import Finding, diagnose
+from gpumagic.render.html import Rendered
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+class ProfileResult(Rendered):
+    """The analysis of one profiled run (one trace, or one trace per rank)."""
+
+    def __init__(
+        self,
+        analyses: list[Analysis],
+        source: str,
+        live: LiveState | None = None,
+        name: str | None = None,
+    ) -> None:
+        if not analyses:
+            raise ValueError("a ProfileResult needs at least one analysed trace")
+        self._analyses = analyses
+        self.source = source
+        self.live = live
+        self.name = name or Path(source).name
+
+    # --- ranks -----------------------------------------------------------------------
+
+    @property
+    def analyses(self) -> list[Analysis]:
+        return list(self._analyses)
+
+    @cached_property
+    def primary(self) -> Analysis:
+        """The analysis the tables describe: the only one, or the slowest rank's."""
+        if len(self._analyses) == 1:
+            return self._analyses[0]
+        return max(self._analyses, key=lambda a: a.breakdown.mean_step_us)
+
+    @property
+    def ranks(self) -> list[int]:
+        return [self._rank_of(i, a) for i, a in enumerate(self._analyses)]
+
+    @staticmethod
+    def _rank_of(i: int, a: Analysis) -> int:
+        return a.trace.rank if a.trace.rank is not None else i
+
+    @property
+    def slowest_rank(self) -> int | None:
+        """The rank with the longest mean step, when there are several ranks."""
+        if len(self._analyses) < 2:
+            return None
+        return self._rank_of(self._analyses.index(self.primary), self.primary)
+
+    def rank(self, rank: int) -> ProfileResult:
+        """The result for one rank alone."""
+        for i, a in enumerate(self._analyses):
+            if self._rank_of(i, a) == rank:
+                return ProfileResult([a], a.trace.source, self.live)
+        raise KeyError(f"no rank {rank} in {self.source} (ranks: {self.ranks})")
+
+    @cached_property
+    def per_rank(self) -> pd.DataFrame:
+        """One row per rank: step time, utilisation, breakdown shares, device idle."""
+        import pandas as pd
+
+        rows = []
+        for i, a in enumerate(self._analyses):
+            bd, idle = a.breakdown, a.idle
+            n = max(len(a.steps), 1)
+            row: dict[str, Any] = {
+                "rank": self._rank_of(i, a),
+                "file": Path(a.trace.source).name,
+                "steps": len(a.steps),
+                "step_time_us": bd.mean_step_us,
+                "gpu_utilization_percent": a.gpu_utilization_percent,
+                "gpu_idle_us_per_step": sum(idle.device_us.values()) / n,
+            }
+            for c, p in zip(CATEGORIES, bd.percent.tolist()):
+                row[f"{c}_percent"] = p
+            rows.append(row)
+        frame = pd.DataFrame(rows)
+        frame["slowest"] = frame["step_time_us"] == frame["step_time_us"].max()
+        return frame.sort_values("rank", kind="stable").reset_index(drop=True)
+
+    # --- the tables ------------------------------------------------------------------
+
+    @cached_property
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers (µs, percent, counts) for the run."""
+        a = self.primary
+        st, bd = a.steps, a.breakdown
+        n = max(len(st), 1)
+        idle = a.idle
+        devices = a.devices
+        trace = a.trace
+        used = [trace.device(d.device) for d in devices]
+
+        def mean(values: list[float | None]) -> float | None:
+            vals = [v for v in values if v is not None]
+            return float(sum(vals) / len(vals)) if vals else None
+
+        out: dict[str, Any] = {
+            "source": self.source,
+            "rank": trace.rank,
+            "ranks": len(self._analyses),
+            "slowest_rank": self.slowest_rank,
+            "wall_time_us": trace.end - trace.start,
+            "profiled_span_us": st.span[1] - st.span[0],
+            "steps": len(st),
+            "step_names": list(st.names),
+            "steps_from": st.source,
+            "steps_dropped": st.dropped,
+            "step_time_us": bd.mean_step_us,
+            "step_time_min_us": float(st.duration.min()) if len(st) else 0.0,
+            "step_time_max_us": float(st.duration.max()) if len(st) else 0.0,
+            "gpu_utilization_percent": a.gpu_utilization_percent,
+            "sm_efficiency_percent": mean([d.sm_efficiency_percent for d in devices]),
+            "achieved_occupancy_percent": mean([d.occupancy_percent for d in devices]),
+            "gpu_idle_us_per_step": sum(idle.device_us.values()) / n if trace.has_gpu else None,
+            "gpu_idle_split_us_per_step": {k: v / n for k, v in idle.device_us.items()}
+            if trace.has_gpu
+            else None,
+            "breakdown_percent": dict(zip(CATEGORIES, bd.percent.tolist())),
+            "devices": sorted({d.name for d in used if d is not None}),
+            "cpu_only": not trace.has_gpu,
+            "events": trace.events,
+            "findings": len(self.findings),
+        }
+        return out
+
+    @cached_property
+    def breakdown(self) -> pd.DataFrame:
+        """Mean µs per step and percent of the step, per category (index: the 7 categories)."""
+        return self.primary.breakdown_frame()
+
+    @cached_property
+    def steps(self) -> pd.DataFrame:
+        """One row per step: span (µs from the trace start), duration, µs per category."""
+        return self.primary.steps_frame()
+
+    @cached_property
+    def ops(self) -> pd.DataFrame:
+        """Operators grouped by name, totals over the whole trace, by device time."""
+        return self.primary.ops_frame()
+
+    @cached_property
+    def ops_by_shape(self) -> pd.DataFrame:
+        """Operators grouped by name and recorded input shapes/dtypes (``record_shapes=True``)."""
+        return self.primary.ops_by_shape_frame()
+
+    @cached_property
+    def kernels(self) -> pd.DataFrame:
+        """GPU kernels grouped by name: calls, time, blocks per SM, achieved occupancy."""
+        return self.primary.kernels_frame()
+
+    @property
+    def idle(self) -> IdleReport:
+        """GPU idle time in the analysed steps, split HTA's way; the longest gaps."""
+        return self.primary.idle
+
+    def idle_breakdown(self, window: str = "steps", gaps: int = 10) -> IdleReport:
+        """The idle analysis over another window: ``"hta"`` reproduces HTA's selection."""
+        return self.primary.idle_report(window, gaps)
+
+    @cached_property
+    def findings(self) -> list[Finding]:
+        """The diagnosis, ranked by estimated saving per step."""
+        return diagnose(self.primary, self.live)
+
+    def with_live(self, live: LiveState | None) -> ProfileResult:
+        """The same analysis, diagnosed with session facts (see :mod:`gpumagic.profile.live`)."""
+        return ProfileResult(self._analyses, self.source, live, self.name)
+
+    # --- output ----------------------------------------------------------------------
+
+    def _text(self) -> str:
+        from gpumagic.render.profile import profile_text
+
+        return profile_text(self)
+
+    def _html(self) -> str:
+        from gpumagic.render.profile import profile_html
+
+        return profile_html(self)
+
+    def to_text(self, rows: int = 10) -> str:
+        from gpumagic.render.profile import profile_text
+
+        return profile_text(self, rows=rows)
+
+    def to_html(self, rows: int = 15) -> str:
+        from gpumagic.render.profile import profile_html
+
+        return profile_html(self, rows=rows)
+
+    def export(self, path: str | Path, rows: int = 50) -> Path:
+        """Write a self-contained HTML report (no scripts, no external files)."""
+        from gpumagic.render.profile import report_document
+
+        out = Path(path)
+        out.write_text(report_document(self, rows=rows), encoding="utf-8")
+        return out

@@ -1,0 +1,784 @@
+"""The diagnosis: rules that read an analysis and say what to change, with evidence.
+
+Each rule looks for one known cause of slow steps, quotes the numbers that show it,
+estimates what fixing it would save per step (from measured time, never a guess about
+hardware), and gives the fix as code. Rules take an optional :class:`LiveState` from the
+running session to confirm a hint (the trace says ``_SingleProcessDataLoaderIter``; the
+namespace says ``loader.num_workers == 0``) or to rule it out; without one they decide
+from the trace alone. Rules about GPU behaviour stay silent on a trace without GPU
+events.
+
+Savings overlap (a DataLoader stall is also GPU idle time), so they are estimates for
+ranking, not a sum to expect.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from gpumagic.profile import intervals, tree
+from gpumagic.profile.analysis import Analysis, is_host_sync
+from gpumagic.profile.breakdown import CATEGORIES
+from gpumagic.profile.events import KERNEL, MEMCPY
+from gpumagic.profile.live import LiveState
+from gpumagic.units import fmt_bytes, fmt_percent, fmt_us
+
+SEVERITIES = ("high", "medium", "low")
+
+
+@dataclass
+class Finding:
+    """One diagnosed problem."""
+
+    rule: str
+    title: str
+    severity: str  # "high", "medium" or "low"
+    saving_us: float  # estimated time saved per step by the fix
+    message: str
+    evidence: dict[str, float | int | str] = field(default_factory=dict)
+    fix: str = ""
+    snippet: str = ""
+    confirmed: bool = False  # the live session confirmed what the trace suggested
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "rule": self.rule,
+            "title": self.title,
+            "severity": self.severity,
+            "saving_us": self.saving_us,
+            "message": self.message,
+            "evidence": dict(self.evidence),
+            "fix": self.fix,
+            "snippet": self.snippet,
+            "confirmed": self.confirmed,
+        }
+
+
+def _severity(saving_us: float, step_us: float) -> str:
+    share = saving_us / step_us if step_us > 0 else 0.0
+    if share >= 0.10:
+        return "high"
+    if share >= 0.02:
+        return "medium"
+    return "low"
+
+
+class Context:
+    """What the rules share: the analysis, the live state, per-step helpers."""
+
+    def __init__(self, analysis: Analysis, live: LiveState | None) -> None:
+        self.a = analysis
+        self.trace = analysis.trace
+        self.live = live
+        self.steps = analysis.steps
+        self.n_steps = max(len(self.steps), 1)
+        self.step_us = analysis.breakdown.mean_step_us
+        self.percent = dict(zip(CATEGORIES, analysis.breakdown.percent.tolist()))
+        self.us = dict(zip(CATEGORIES, analysis.breakdown.mean_us.tolist()))
+        self.has_gpu = analysis.trace.has_gpu
+        self.rocm = any(v.startswith("hip") for v in analysis.trace.runtime.name.values)
+
+    def host_in_steps(self, ts: np.ndarray) -> np.ndarray:
+        st = self.steps
+        if st.source == "trace":
+            return np.ones(len(ts), bool)
+        return (ts >= st.host_start[0]) & (ts <= st.host_end[-1])
+
+    @cached_property
+    def gpu_in_steps(self) -> np.ndarray:
+        mask = np.zeros(len(self.trace.gpu.ts), bool)
+        mask[self.a.idle_rows("steps")[0]] = True
+        return mask
+
+    def per_step(self, total: float) -> float:
+        return total / self.n_steps
+
+    def finding(self, rule: str, title: str, saving: float, message: str, **kw: object) -> Finding:
+        return Finding(
+            rule=rule,
+            title=title,
+            severity=_severity(saving, self.step_us),
+            saving_us=float(max(saving, 0.0)),
+            message=message,
+            **kw,  # type: ignore[arg-type]
+        )
+
+
+# --- rules --------------------------------------------------------------------------------
+
+
+def dataloader(c: Context) -> Finding | None:
+    pct = c.percent["DataLoader"]
+    if pct <= 5.0:
+        return None
+    names = [n for n in c.trace.host.name.values if n.startswith("enumerate(DataLoader)#")]
+    single = any("_SingleProcessDataLoaderIter" in n for n in names)
+    workers = c.live.num_workers if c.live is not None else None
+    evidence: dict[str, float | int | str] = {
+        "dataloader_percent": round(pct, 2),
+        "dataloader_us_per_step": round(c.us["DataLoader"], 1),
+    }
+    if names:
+        evidence["iterator"] = names[0].split("#", 1)[1].split(".")[0]
+    if workers is not None:
+        evidence["num_workers"] = workers
+    if single or workers == 0:
+        why = (
+            "the loader runs in the training process (num_workers=0: _SingleProcessDataLoaderIter)"
+        )
+        fix = "Load batches in worker processes, and pin them for fast copies."
+        snippet = (
+            "loader = torch.utils.data.DataLoader(\n"
+            "    dataset, batch_size=batch_size, shuffle=True,\n"
+            "    num_workers=4,            # start near os.cpu_count() // 2, measure\n"
+            "    pin_memory=True,          # page-locked batches copy asynchronously\n"
+            "    persistent_workers=True,  # keep workers between epochs\n"
+            ")"
+        )
+    else:
+        why = "the worker processes do not keep up"
+        fix = "Add workers or prefetch deeper; move heavy augmentation to the GPU."
+        snippet = (
+            "loader = torch.utils.data.DataLoader(\n"
+            "    dataset, batch_size=batch_size,\n"
+            "    num_workers=8, prefetch_factor=4,  # more workers, deeper queue\n"
+            "    pin_memory=True, persistent_workers=True,\n"
+            ")"
+        )
+    message = (
+        f"The DataLoader takes {fmt_percent(pct)} of each step ({fmt_us(c.us['DataLoader'])}) with "
+        f"nothing running on the GPU: {why}."
+    )
+    return c.finding(
+        "dataloader",
+        "Data loading stalls the step",
+        c.us["DataLoader"],
+        message,
+        evidence=evidence,
+        fix=fix,
+        snippet=snippet,
+        confirmed=workers == 0,  # the session's loader is the single-process one the trace shows
+    )
+
+
+_PAGEABLE_HTOD = re.compile(r"^Memcpy HtoD \(Pageable -> Device\)")
+
+
+def pageable_memcpy(c: Context) -> Finding | None:
+    if not c.has_gpu:
+        return None
+    gpu = c.trace.gpu
+    m = (
+        (gpu.kind == MEMCPY)
+        & gpu.name.mask(lambda n: _PAGEABLE_HTOD.match(n) is not None)
+        & c.gpu_in_steps
+    )
+    if not m.any():
+        return None
+    copy_us = float((gpu.end - gpu.ts)[m].sum())
+    nbytes = float(gpu.nbytes[m][gpu.nbytes[m] > 0].sum())
+    rt = c.a.launch_runtime[m]
+    rt = rt[rt >= 0]
+    host_us = float((c.trace.runtime.end - c.trace.runtime.ts)[rt].sum())
+    pinned = c.live.pin_memory if c.live is not None else None
+    evidence: dict[str, float | int | str] = {
+        "copies_per_step": round(c.per_step(int(m.sum())), 2),
+        "bytes_per_step": round(c.per_step(nbytes)),
+        "copy_us_per_step": round(c.per_step(copy_us), 1),
+        "host_blocked_us_per_step": round(c.per_step(host_us), 1),
+    }
+    if pinned is not None:
+        evidence["loader_pin_memory"] = str(pinned)
+    source = (
+        "the DataLoader pins memory, so these tensors come from elsewhere (created on the CPU each step?)"
+        if pinned
+        else "pageable (not pinned) memory must be staged by the driver, which blocks the CPU"
+    )
+    message = (
+        f"{fmt_count_per_step(c.per_step(int(m.sum())))} host-to-device copies per step from pageable memory "
+        f"({fmt_bytes(c.per_step(nbytes))}, {fmt_us(c.per_step(copy_us))} on the GPU, "
+        f"{fmt_us(c.per_step(host_us))} of CPU time blocked in the copy calls): {source}."
+    )
+    snippet = (
+        "loader = torch.utils.data.DataLoader(dataset, ..., pin_memory=True)\n"
+        "for x, y in loader:\n"
+        "    x = x.to('cuda', non_blocking=True)  # async copy from pinned memory\n"
+        "    y = y.to('cuda', non_blocking=True)"
+    )
+    return c.finding(
+        "pageable_memcpy",
+        "Copies from pageable memory",
+        c.per_step(copy_us),
+        message,
+        evidence=evidence,
+        fix="Pin host memory (pin_memory=True) and copy with non_blocking=True so copies overlap compute.",
+        snippet=snippet,
+        confirmed=pinned is False,
+    )
+
+
+def fmt_count_per_step(n: float) -> str:
+    return f"{n:.0f}" if n >= 10 or float(n).is_integer() else f"{n:.1f}"
+
+
+def sync(c: Context) -> Finding | None:
+    if not c.has_gpu:
+        return None
+    rt = c.trace.runtime
+    host_sync = rt.name.mask(is_host_sync) & c.host_in_steps(rt.ts)
+    host = c.trace.host
+    item = host.name.mask(lambda n: n == "aten::_local_scalar_dense") & c.host_in_steps(host.ts)
+    syncs = c.trace.syncs
+    lo, hi = c.steps.host_start[0], c.steps.host_end[-1]
+    dev_sync = (
+        (syncs.ts >= lo) & (syncs.ts <= hi)
+        if c.steps.source != "trace"
+        else np.ones(len(syncs.ts), bool)
+    )
+    n_sync = int(host_sync.sum())
+    if n_sync == 0 and not item.any() and not dev_sync.any():
+        return None
+    # What a sync costs is the GPU bubble after it: the device drained its queue to let
+    # the CPU continue, and stays idle until the CPU launches the next kernel.
+    ends = np.sort(np.concatenate([rt.end[host_sync], host.end[item]]))
+    gaps = c.a.device_gaps
+    bubble = 0.0
+    if len(ends) and len(gaps):
+        # the first sync to return inside each gap that GPU work ended (a trailing gap
+        # with nothing after it in the window is not the sync's doing)
+        k = np.searchsorted(ends, gaps.start, side="left")
+        t = ends[np.minimum(k, len(ends) - 1)]
+        hit = gaps.closed & (k < len(ends)) & (t < gaps.end)
+        t, g_end = t[hit], gaps.end[hit]
+        loader = c.a.is_dataloader
+        dl_s, dl_e = c.trace.host.ts[loader], c.trace.host.end[loader]
+        in_loader = intervals.cumulative(dl_s, dl_e, g_end) - intervals.cumulative(dl_s, dl_e, t)
+        bubble = float((g_end - t - in_loader).sum())
+    names: dict[str, int] = {}
+    for i in np.flatnonzero(host_sync).tolist():
+        nm = rt.name.at(i)
+        names[nm] = names.get(nm, 0) + 1
+    evidence: dict[str, float | int | str] = {
+        "host_syncs_per_step": round(c.per_step(n_sync), 2),
+        "item_calls_per_step": round(c.per_step(int(item.sum())), 2),
+        "device_sync_events_per_step": round(c.per_step(int(dev_sync.sum())), 2),
+        "gpu_idle_after_syncs_us_per_step": round(c.per_step(bubble), 1),
+    }
+    if names:
+        evidence["calls"] = ", ".join(
+            f"{k} x{v}" for k, v in sorted(names.items(), key=lambda kv: -kv[1])
+        )
+    count = max(n_sync, int(item.sum()), int(dev_sync.sum()))
+    # one .item() per step for logging is normal; flag syncs that are frequent or costly
+    if c.per_step(count) < 5 and c.per_step(bubble) < 0.005 * c.step_us:
+        return None
+    message = (
+        f"{fmt_count_per_step(c.per_step(count))} device synchronisations per step "
+        f"(.item(), .cpu(), printing a tensor, explicit synchronize): each one drains the GPU queue, "
+        f"leaving the GPU idle for {fmt_us(c.per_step(bubble))} per step while the CPU catches up."
+    )
+    snippet = (
+        "running_loss += loss.detach()          # stays on the GPU, no sync\n"
+        "if step % log_every == 0:\n"
+        "    print(running_loss.item() / log_every)  # one sync per log_every steps\n"
+        "    running_loss.zero_()\n"
+        "\n"
+        "torch.cuda.set_sync_debug_mode('warn')  # reports every hidden sync while debugging"
+    )
+    return c.finding(
+        "sync",
+        "Host-device synchronisations in the loop",
+        c.per_step(bubble),
+        message,
+        evidence=evidence,
+        fix="Keep metrics on the GPU and read them every N steps; remove .item()/.cpu()/print from the loop.",
+        snippet=snippet,
+    )
+
+
+# A GPU gap this short, with the CPU late to launch, is launch overhead; longer ones are
+# CPU work (data loading, Python) that the other rules explain.
+_LAUNCH_GAP_US = 1000.0
+
+
+def launch_bound(c: Context) -> Finding | None:
+    if not c.has_gpu:
+        return None
+    gpu, rt = c.trace.gpu, c.trace.runtime
+    m = (gpu.kind == KERNEL) & c.gpu_in_steps & (c.a.launch_runtime >= 0)
+    if m.sum() < 10:
+        return None
+    k_dur = (gpu.end - gpu.ts)[m]
+    r = c.a.launch_runtime[m]
+    l_dur = (rt.end - rt.ts)[r]
+    short = float((k_dur < l_dur).mean())
+    gaps = c.a.device_gaps
+    small = gaps.closed & (gaps.us <= _LAUNCH_GAP_US)
+    small_waits = gaps.total_by_category(small)["host_wait"]
+    wait_per_step = c.per_step(small_waits)
+    if short <= 0.5 or wait_per_step < 0.05 * c.step_us:
+        return None
+    evidence: dict[str, float | int | str] = {
+        "kernels_shorter_than_launch_percent": round(100 * short, 1),
+        "median_kernel_us": round(float(np.median(k_dur)), 2),
+        "median_launch_us": round(float(np.median(l_dur)), 2),
+        "kernels_per_step": round(c.per_step(int(m.sum())), 1),
+        "gpu_waiting_for_launches_us_per_step": round(wait_per_step, 1),
+    }
+    message = (
+        f"{fmt_percent(100 * short)} of kernels finish faster than the CPU can launch them "
+        f"(median kernel {fmt_us(float(np.median(k_dur)))}, median launch {fmt_us(float(np.median(l_dur)))}); "
+        f"the GPU waits {fmt_us(wait_per_step)} per step for the next launch."
+    )
+    snippet = (
+        "model = torch.compile(model, mode='reduce-overhead')  # fuses kernels, replays CUDA graphs\n"
+        "# or capture a static step yourself: torch.cuda.graphs / torch.cuda.make_graphed_callables\n"
+        "# or give each kernel more work: a larger batch size"
+    )
+    return c.finding(
+        "launch_bound",
+        "Launch-bound: kernels are shorter than their launches",
+        wait_per_step,
+        message,
+        evidence=evidence,
+        fix="Launch fewer, bigger kernels: torch.compile (fusion, CUDA graphs) or a larger batch.",
+        snippet=snippet,
+    )
+
+
+_MATMUL_OP = re.compile(
+    r"^aten::(mm|bmm|addmm_?|addbmm|baddbmm|matmul|linear|addmv|mv|_convolution|convolution"
+    r"|conv[123]d|conv_tbc|conv_transpose[123]d|cudnn_convolution\w*|convolution_backward\w*)$"
+    r"|^(Mm|Bmm|Addmm|Addbmm|Baddbmm|Addmv|Mv|Convolution|CudnnConvolution\w*)Backward\d*$"
+)
+_TENSOR_CORE_KERNEL = re.compile(
+    r"[hsci](884|1688|16816|8816)|hmma|xmma|wmma|tensorop|tf32|bf16|fp16|f16f16|nvjet|_tc_",
+    re.IGNORECASE,
+)
+_LOW_PRECISION_TYPES = ("c10::Half", "c10::BFloat16", "c10::Float8", "Half", "BFloat16")
+
+
+def tensor_cores(c: Context) -> Finding | None:
+    if not c.has_gpu or c.rocm:
+        return None
+    gpu, host = c.trace.gpu, c.trace.host
+    kernels = (gpu.kind == KERNEL) & c.gpu_in_steps
+    if not kernels.any():
+        return None
+    dev = int(
+        np.bincount(gpu.device[kernels] - gpu.device[kernels].min()).argmax()
+        + gpu.device[kernels].min()
+    )
+    device = c.trace.device(dev)
+    cc = device.compute_capability if device is not None else None
+    if cc is None or cc < (7, 0):
+        return None
+    if c.live is not None and c.live.autocast_enabled:
+        return None
+    host_par, rt_par = c.a.parents
+    is_mm = host.name.mask(lambda n: _MATMUL_OP.match(n) is not None)
+    under_mm = is_mm | tree.any_ancestor(host_par, is_mm)
+    linked = kernels & (c.a.launch_runtime >= 0)
+    op = np.full(len(gpu.ts), -1, np.int64)
+    op[linked] = rt_par[c.a.launch_runtime[linked]]
+    eligible = linked & (op >= 0)
+    eligible[eligible] = under_mm[op[eligible]]
+    if not eligible.any():
+        return None
+    dur = gpu.end - gpu.ts
+    tc = gpu.name.mask(lambda n: _TENSOR_CORE_KERNEL.search(n) is not None)
+    fp32_mm = eligible & ~tc
+    mm_us, no_tc_us = float(dur[eligible].sum()), float(dur[fp32_mm].sum())
+    kernel_us = float(dur[kernels].sum())
+    if no_tc_us < 0.10 * kernel_us or no_tc_us < 0.5 * mm_us:
+        return None
+    # dtypes, when shapes were recorded: half/bf16 inputs mean AMP is already on and the
+    # kernels miss tensor cores for another reason (shapes), which is not this rule
+    top_mm = np.flatnonzero(is_mm & c.host_in_steps(host.ts) & ~tree.any_ancestor(host_par, is_mm))
+    _dims, types = host.inputs(top_mm[:: max(len(top_mm) // 200, 1)])  # a sample says the dtype
+    low = sum(any(t in s for t in _LOW_PRECISION_TYPES) for s in types)
+    fp32 = sum('"float"' in s or '"Float"' in s for s in types)
+    if low > fp32:
+        return None
+    evidence: dict[str, float | int | str] = {
+        "gpu": device.name if device is not None else "",
+        "compute_capability": f"{cc[0]}.{cc[1]}",
+        "matmul_conv_us_per_step": round(c.per_step(mm_us), 1),
+        "without_tensor_cores_us_per_step": round(c.per_step(no_tc_us), 1),
+        "share_of_kernel_time_percent": round(100 * no_tc_us / kernel_us, 1),
+    }
+    if types and any(types):
+        evidence["fp32_inputs_in_sample"] = f"{fp32} of {len(types)} matmul/conv calls"
+    confirmed = False
+    if c.live is not None:
+        for key in (
+            "autocast_enabled",
+            "matmul_allow_tf32",
+            "cudnn_allow_tf32",
+            "float32_matmul_precision",
+        ):
+            value = getattr(c.live, key)
+            if value is not None:
+                evidence[key] = str(value)
+        confirmed = c.live.autocast_enabled is False
+    ampere = cc >= (8, 0)
+    if ampere:
+        snippet = (
+            "torch.set_float32_matmul_precision('high')  # TF32 tensor cores for fp32 matmuls\n"
+            "torch.backends.cudnn.allow_tf32 = True        # and convolutions (the default)\n"
+            "# or mixed precision, faster still:\n"
+            "with torch.autocast('cuda', dtype=torch.bfloat16):\n"
+            "    loss = loss_fn(model(x), y)"
+        )
+        fix = "Allow TF32 or train in bf16 with autocast so matmuls and convolutions use tensor cores."
+    else:
+        snippet = (
+            "scaler = torch.amp.GradScaler('cuda')\n"
+            "with torch.autocast('cuda', dtype=torch.float16):\n"
+            "    loss = loss_fn(model(x), y)\n"
+            "scaler.scale(loss).backward()\n"
+            "scaler.step(optimizer)\n"
+            "scaler.update()"
+        )
+        fix = "Train with automatic mixed precision (fp16 autocast + GradScaler) so matmuls use tensor cores."
+    # Assumption, stated in the message: fp32 -> tensor-core kernels at least halve
+    # matmul/conv time (NVIDIA's peak ratio is 8x or more on every tensor-core GPU).
+    saving = 0.5 * c.per_step(no_tc_us)
+    message = (
+        f"{fmt_us(c.per_step(no_tc_us))} per step ({fmt_percent(100 * no_tc_us / kernel_us)} of GPU time) is "
+        f"fp32 matmul/convolution on kernels that do not use the tensor cores of this "
+        f"compute-capability {cc[0]}.{cc[1]} GPU. Saving assumes tensor-core kernels at least halve that time."
+    )
+    return c.finding(
+        "tensor_cores",
+        "Tensor cores unused (fp32 matmul/conv)",
+        saving,
+        message,
+        evidence=evidence,
+        fix=fix,
+        snippet=snippet,
+        confirmed=confirmed,
+    )
+
+
+def low_utilization(c: Context) -> Finding | None:
+    util = c.a.gpu_utilization_percent
+    if util is None or util >= 50.0:
+        return None
+    idle_us = c.step_us * (100.0 - util) / 100.0
+    cats = c.a.device_gaps.total_by_category()
+    evidence: dict[str, float | int | str] = {
+        "gpu_utilization_percent": round(util, 1),
+        "gpu_idle_us_per_step": round(idle_us, 1),
+    }
+    for cat, us in cats.items():
+        evidence[f"idle_{cat}_us_per_step"] = round(c.per_step(us), 1)
+    message = (
+        f"Kernels run only {fmt_percent(util)} of the step; the GPU is idle {fmt_us(idle_us)} per step. "
+        "The other findings name causes; what they do not explain is shown as the saving."
+    )
+    snippet = (
+        "# give the GPU more work per launch and per step\n"
+        "loader = torch.utils.data.DataLoader(dataset, batch_size=2 * batch_size, ...)\n"
+        "model = torch.compile(model)"
+    )
+    return c.finding(
+        "low_utilization",
+        "GPU busy less than half of the step",
+        idle_us,  # replaced by the unexplained remainder in diagnose()
+        message,
+        evidence=evidence,
+        fix="Remove the stalls found above; then raise the batch size or fuse work with torch.compile.",
+        snippet=snippet,
+    )
+
+
+_COLLECTIVE = r"^(?:void )?(?:nccl|rccl|ncclDevKernel|ncclKernel)"
+
+
+def small_grid(c: Context, top: int = 10) -> Finding | None:
+    if not c.has_gpu:
+        return None
+    k = c.a.kernels_frame(np.flatnonzero(c.gpu_in_steps))
+    # collectives use few blocks on purpose (bandwidth-bound, they leave SMs to compute)
+    k = k[~k["name"].str.contains(_COLLECTIVE, regex=True)]
+    if k.empty:
+        return None
+    head = k.head(top)
+    small = head[(head["blocks_per_sm"] < 1.0) & head["blocks_per_sm"].notna()]
+    if small.empty:
+        return None
+    total = float(k["total_us"].sum())
+    share = float(small["total_us"].sum()) / total if total > 0 else 0.0
+    if share < 0.10:
+        return None
+    # Upper bound: a kernel filling a fraction f of the SMs would take f of its time if
+    # its blocks were spread over all of them.
+    saving = c.per_step(float((small["total_us"] * (1.0 - small["blocks_per_sm"])).sum()))
+    worst = small.iloc[0]
+    evidence: dict[str, float | int | str] = {
+        "kernels": len(small),
+        "share_of_kernel_time_percent": round(100 * share, 1),
+        "worst_kernel": str(worst["name"])[:120],
+        "worst_blocks_per_sm": round(float(worst["blocks_per_sm"]), 3),
+    }
+    message = (
+        f"{len(small)} of the {len(head)} most expensive kernels ({fmt_percent(100 * share)} of GPU time) launch "
+        f"fewer blocks than the GPU has SMs (blocks per SM < 1), leaving SMs idle while they run. "
+        "Saving is an upper bound (those kernels spread over every SM)."
+    )
+    snippet = (
+        "# more parallel work per kernel: a larger batch, or fuse small ops\n"
+        "model = torch.compile(model)\n"
+        "# for a custom kernel, launch at least as many blocks as SMs:\n"
+        "# torch.cuda.get_device_properties(0).multi_processor_count"
+    )
+    return c.finding(
+        "small_grid",
+        "Kernels too small to fill the GPU",
+        saving,
+        message,
+        evidence=evidence,
+        fix="Give kernels more parallel work (larger batch, fusion); launch grids of at least one block per SM.",
+        snippet=snippet,
+    )
+
+
+def memory_ceiling(c: Context) -> Finding | None:
+    for peak in c.a.memory_peaks:
+        if peak.capacity_bytes is None:
+            continue
+        share = peak.peak_bytes / peak.capacity_bytes
+        if share <= 0.90:
+            continue
+        evidence: dict[str, float | int | str] = {
+            "device": peak.device,
+            "peak_bytes": int(peak.peak_bytes),
+            "capacity_bytes": peak.capacity_bytes,
+            "peak_percent": round(100 * share, 1),
+            "measure": peak.measure,
+        }
+        message = (
+            f"GPU {peak.device} peaks at {fmt_bytes(peak.peak_bytes)} {peak.measure}, "
+            f"{fmt_percent(100 * share)} of its {fmt_bytes(peak.capacity_bytes)}: one larger batch "
+            "or a fragmented allocator away from an out-of-memory error. No time saving is estimated."
+        )
+        snippet = (
+            "with torch.autocast('cuda', dtype=torch.bfloat16):  # halves activation memory\n"
+            "    loss = loss_fn(model(x), y)\n"
+            "# recompute activations instead of storing them:\n"
+            "out = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)\n"
+            "# PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True reduces fragmentation"
+        )
+        f = c.finding(
+            "memory_ceiling",
+            "Device memory near capacity",
+            0.0,
+            message,
+            evidence=evidence,
+            fix="Lower activation memory (autocast, activation checkpointing) or the batch size.",
+            snippet=snippet,
+        )
+        f.severity = "high" if share > 0.95 else "medium"
+        return f
+    return None
+
+
+_FOREACH = re.compile(r"_foreach_|_fused_|fused", re.IGNORECASE)
+
+
+def optimizer(c: Context) -> Finding | None:
+    if not c.has_gpu:
+        return None
+    host = c.trace.host
+    spans = host.name.mask(lambda n: n.startswith("Optimizer.step#")) & c.host_in_steps(host.ts)
+    if not spans.any():
+        return None
+    if any(_FOREACH.search(host.name.at(i)) for i in np.flatnonzero(spans).tolist()):
+        return None
+    host_par, rt_par = c.a.parents
+    inside = tree.any_ancestor(host_par, spans)
+    inner = np.flatnonzero(inside)
+    if len(inner) == 0 or any(
+        _FOREACH.search(v) for v in {host.name.at(i) for i in inner.tolist()}
+    ):
+        return None
+    if c.live is not None and any(o.foreach or o.fused for o in c.live.optimizers):
+        return None
+    # a per-parameter loop repeats the same op once per parameter in every step() call
+    direct = np.flatnonzero(spans[np.maximum(host_par, 0)] & (host_par >= 0))
+    counts = np.bincount(host.name.codes[direct]) if len(direct) else np.zeros(1, np.int64)
+    calls = int(spans.sum())
+    repeats = int(counts.max()) // max(calls, 1)
+    if repeats < 8:
+        return None
+    span_us = float((host.end - host.ts)[spans].sum())
+    # GPU time of the kernels launched from inside the optimizer (what must remain)
+    gpu = c.trace.gpu
+    linked = c.a.launch_runtime >= 0
+    op = np.full(len(gpu.ts), -1, np.int64)
+    op[linked] = rt_par[c.a.launch_runtime[linked]]
+    from_opt = (op >= 0) & (inside[np.maximum(op, 0)] | spans[np.maximum(op, 0)])
+    kernel_us = float((gpu.end - gpu.ts)[from_opt].sum())
+    saving = c.per_step(max(span_us - kernel_us, 0.0))
+    kind = host.name.at(int(np.flatnonzero(spans)[0])).split("#", 1)[1].split(".")[0]
+    evidence: dict[str, float | int | str] = {
+        "optimizer": kind,
+        "step_calls": calls,
+        "ops_per_parameter_loop": repeats,
+        "optimizer_us_per_step": round(c.per_step(span_us), 1),
+        "optimizer_kernel_us_per_step": round(c.per_step(kernel_us), 1),
+    }
+    message = (
+        f"{kind}.step() loops over parameters one tensor at a time (the same op {repeats} times per call, "
+        f"no _foreach_/fused kernels): {fmt_us(c.per_step(span_us))} per step on the CPU for "
+        f"{fmt_us(c.per_step(kernel_us))} of GPU work."
+    )
+    snippet = (
+        f"optimizer = torch.optim.{kind}(model.parameters(), lr=lr, foreach=True)  # multi-tensor kernels\n"
+        f"# or, where supported (Adam, AdamW, SGD on CUDA): fused=True, one kernel for all parameters"
+    )
+    return c.finding(
+        "optimizer",
+        "Single-tensor optimizer loop",
+        saving,
+        message,
+        evidence=evidence,
+        fix="Use the multi-tensor (foreach=True) or fused (fused=True) optimizer implementation.",
+        snippet=snippet,
+    )
+
+
+def zero_grad(c: Context) -> Finding | None:
+    host = c.trace.host
+    in_steps = c.host_in_steps(host.ts)
+    zero = host.name.mask(lambda n: n == "aten::zero_") & in_steps
+    # PyTorch 2 zeroes all gradients of a device in one aten::_foreach_zero_ call
+    foreach = host.name.mask(lambda n: n == "aten::_foreach_zero_") & in_steps
+    if not zero.any() and not foreach.any():
+        return None
+    host_par, _ = c.a.parents
+    # zeroing a gradient is called from Python, not from inside another operator; the
+    # zero_ calls nested in aten ops (aten::zeros, autograd) are not zero_grad
+    is_op = host.name.mask(lambda n: "::" in n)
+    in_zero_grad = tree.any_ancestor(host_par, host.name.mask(lambda n: "zero_grad" in n))
+    # inside Optimizer.zero_grad (PyTorch >= 1.9 records it) any zeroing is the tell;
+    # older traces have no such span, so ask for several top-level zero_ per step
+    in_span = (zero | foreach) & in_zero_grad
+    top_level = zero & ~tree.any_ancestor(host_par, is_op) & ~in_zero_grad
+    if not in_span.any() and c.per_step(int(top_level.sum())) < 4:
+        return None
+    direct = in_span | top_level
+    n = int(direct.sum())
+    rows = np.flatnonzero(direct)
+    host_us = float((host.end - host.ts)[rows].sum())
+    dev_us = float(c.a.device_time[1][rows].sum())
+    saving = c.per_step(max(host_us, dev_us))
+    evidence: dict[str, float | int | str] = {
+        "zero_calls_per_step": round(c.per_step(n), 1),
+        "host_us_per_step": round(c.per_step(host_us), 1),
+        "device_us_per_step": round(c.per_step(dev_us), 1),
+    }
+    message = (
+        f"Gradients are zeroed in place, {fmt_count_per_step(c.per_step(n))} zero_ calls per step "
+        f"({fmt_us(c.per_step(host_us))} CPU, {fmt_us(c.per_step(dev_us))} GPU); setting them to None "
+        "skips that work and the memory traffic."
+    )
+    return c.finding(
+        "zero_grad",
+        "Gradients zeroed instead of set to None",
+        saving,
+        message,
+        evidence=evidence,
+        fix="Use zero_grad(set_to_none=True) (the default since PyTorch 2.0).",
+        snippet="optimizer.zero_grad(set_to_none=True)\n# model.zero_grad(set_to_none=True) likewise",
+    )
+
+
+_CONV_OP = re.compile(r"^aten::(cudnn_convolution\w*|convolution\w*|_convolution\w*|conv[123]d)$")
+
+
+def cudnn_benchmark(c: Context) -> Finding | None:
+    # A trace cannot tell whether cuDNN autotuned (it happens before the profiled
+    # steps), so this rule needs the live flag and stays silent without it.
+    if not c.has_gpu or c.live is None or c.live.cudnn_benchmark is not False:
+        return None
+    gpu, host = c.trace.gpu, c.trace.host
+    host_par, rt_par = c.a.parents
+    is_conv = host.name.mask(lambda n: _CONV_OP.match(n) is not None)
+    under = is_conv | tree.any_ancestor(host_par, is_conv)
+    kernels = (gpu.kind == KERNEL) & c.gpu_in_steps & (c.a.launch_runtime >= 0)
+    op = np.full(len(gpu.ts), -1, np.int64)
+    op[kernels] = rt_par[c.a.launch_runtime[kernels]]
+    conv = kernels & (op >= 0)
+    conv[conv] = under[op[conv]]
+    dur = gpu.end - gpu.ts
+    conv_us, kernel_us = (
+        float(dur[conv].sum()),
+        float(dur[(gpu.kind == KERNEL) & c.gpu_in_steps].sum()),
+    )
+    if kernel_us == 0 or conv_us < 0.10 * kernel_us:
+        return None
+    evidence: dict[str, float | int | str] = {
+        "cudnn_benchmark": "False",
+        "conv_us_per_step": round(c.per_step(conv_us), 1),
+        "share_of_kernel_time_percent": round(100 * conv_us / kernel_us, 1),
+    }
+    message = (
+        f"Convolutions take {fmt_percent(100 * conv_us / kernel_us)} of GPU time "
+        f"({fmt_us(c.per_step(conv_us))} per step) and torch.backends.cudnn.benchmark is off, so cuDNN uses "
+        "heuristic algorithms instead of the fastest measured one. The gain depends on the shapes; "
+        "no saving is estimated."
+    )
+    return c.finding(
+        "cudnn_benchmark",
+        "cuDNN autotuning is off",
+        0.0,
+        message,
+        evidence=evidence,
+        fix="Enable cudnn.benchmark when input shapes are the same every step.",
+        snippet="torch.backends.cudnn.benchmark = True  # before the first forward pass",
+        confirmed=True,
+    )
+
+
+RULES: dict[str, Callable[[Context], Finding | None]] = {
+    "dataloader": dataloader,
+    "pageable_memcpy": pageable_memcpy,
+    "sync": sync,
+    "launch_bound": launch_bound,
+    "tensor_cores": tensor_cores,
+    "low_utilization": low_utilization,
+    "small_grid": small_grid,
+    "memory_ceiling": memory_ceiling,
+    "optimizer": optimizer,
+    "zero_grad": zero_grad,
+    "cudnn_benchmark": cudnn_benchmark,
+}
+
+
+def diagnose(analysis: Analysis, live: LiveState | None = None) -> list[Finding]:
+    """Run every rule; findings ranked by estimated saving (then severity)."""
+    if len(analysis.steps) == 0:
+        return []
+    ctx = Context(analysis, live)
+    found = [f for rule in RULES.values() if (f := rule(ctx)) is not None]
+    low = next((f for f in found if f.rule == "low_utilization"), None)
+    if low is not None:
+        explained = sum(f.saving_us for f in found if f is not low)
+        low.saving_us = max(low.saving_us - explained, 0.0)
+        low.evidence["unexplained_idle_us_per_step"] = round(low.saving_us, 1)
+        low.severity = _severity(low.saving_us, ctx.step_us)
+    rank = {s: i for i, s in enumerate(SEVERITIES)}
+    found.sort(key=lambda f: (-f.saving_us, rank.get(f.severity, 3), f.rule))
+    return found
+
+
+def findings_json(findings: list[Finding]) -> str:
+    return json.dumps([f.as_dict() for f in findings], indent=2)

@@ -1,0 +1,243 @@
+"""Agreement with the two reference tools on the real traces.
+
+Step-time breakdown: the PyTorch Profiler TensorBoard plugin (torch-tb-profiler 0.4.3,
+its last release), numbers copied from
+
+    /tmp/tbvenv/bin/python tests/profile/reference/tb_plugin_reference.py ../shared/traces/resnet50_*.json.gz
+    /tmp/tbvenv/bin/python tests/profile/reference/tb_plugin_reference.py --normalize <the other traces>
+
+The plugin predates Kineto's newer category names (it ignores ``cuda_runtime`` and all
+``user_annotation`` spans but ProfilerStep), so on new-schema traces it reports Runtime 0
+and never sees the DataLoader. ``--normalize`` renames those categories to the old ones
+before the plugin parses the trace; that is the plugin's algorithm on the events we also
+count. The plugin's "Communication" role (NCCL/Gloo) is not one of our seven categories:
+collective kernels count as Kernel, CPU-side collectives as CPU Exec.
+
+GPU idle: Holistic Trace Analysis 0.5.0, ``get_idle_time_breakdown`` per stream, from
+
+    /tmp/htavenv/bin/python tests/profile/reference/hta_reference.py <trace>
+
+HTA always leaves out the last ProfilerStep; ``idle_breakdown(window="hta")`` makes the
+same choice. Traces with fractional (ns) timestamps are not compared exactly: HTA rounds
+each event inward to whole µs, which lengthens every gap by up to 2 µs.
+
+Tuning discipline: nothing here is fitted. The code implements the plugin's algorithm
+as its source documents it (``overall_parser.py``, ``event_parser.py``); the first run
+was compared against every trace at once and already agreed to within 0.03 pp, and no
+constant or rule changed after that. TUNED names the traces allowed to inform any future
+adjustment; HELD_OUT must then still pass untouched.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gpumagic.profile.breakdown import CATEGORIES
+
+PLUGIN_ROLES = ("Kernel", "Memcpy", "Memset", "Runtime", "DataLoader", "CpuOp", "Other")
+
+# trace: (Kernel, Memcpy, Memset, Communication, Runtime, DataLoader, CpuOp, Other) percent,
+#        mean step µs, GPU utilisation %, est. SM efficiency %, achieved occupancy %
+TB_PLUGIN = {
+    # old Kineto schema, as the plugin reads it directly
+    "resnet50_v100_num_workers_0.json.gz": (
+        (63.607, 1.119, 0.057, 0.0, 2.617, 22.919, 8.899, 0.781),
+        154911.3,
+        63.607,
+        62.651,
+        49.136,
+    ),
+    "resnet50_v100_num_workers_4.json.gz": (
+        (69.354, 2.02, 0.069, 0.0, 7.409, 0.204, 10.023, 10.921),
+        142808.5,
+        69.354,
+        68.322,
+        48.914,
+    ),
+    # new schema, with --normalize
+    "a100_training_control.json.gz": (
+        (79.408, 4.035, 0.122, 0.027, 3.182, 0.09, 13.001, 0.134),
+        77501.7,
+        79.381,
+        59.205,
+        32.464,
+    ),
+    "v100_training_5steps.json.gz": (
+        (96.826, 0.765, 0.122, 0.011, 0.841, 0.0, 1.255, 0.179),
+        96703.6,
+        96.826,
+        94.922,
+        46.45,
+    ),
+    "v100_training_test.json.gz": (
+        (83.443, 12.819, 0.101, 0.017, 1.867, 0.018, 1.715, 0.019),
+        124085.8,
+        83.443,
+        70.534,
+        35.847,
+    ),
+    "two_ranks/rank-0.json.gz": (
+        (44.487, 0.027, 0.002, 0.024, 0.499, 0.0, 53.692, 1.268),
+        615120.0,
+        44.486,
+        20.758,
+        21.038,
+    ),
+    "two_ranks/rank-1.json.gz": (
+        (46.466, 0.365, 0.002, 0.01, 0.351, 0.0, 51.548, 1.258),
+        619271.5,
+        46.464,
+        25.191,
+        25.189,
+    ),
+    "a100_alexnet_syncs.json.gz": (
+        (0.024, 0.128, 0.0, 0.0, 97.263, 0.0, 2.585, 0.0),
+        43425283.0,
+        0.024,
+        0.024,
+        38.416,
+    ),
+    "mi250_rocm_minitoy.json.gz": (
+        (1.194, 0.411, 0.0, 0.0, 72.119, 0.0, 20.479, 5.797),
+        9288.3,
+        1.194,
+        None,
+        None,
+    ),
+    "a100_triton_kernel.json.gz": (
+        (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.01, 99.989),
+        13336315.8,
+        0.0,
+        0.0,
+        0.0,
+    ),
+    "cpu_only.json.gz": (
+        (0.0, 0.0, 0.0, 85.088, 0.0, 0.0, 0.0, 14.912),
+        210109.2,
+        None,
+        None,
+        None,
+    ),
+    "a100_cupti_counters.json.gz": (
+        (0.0, 0.0, 0.0, 0.0, 69.186, 0.0, 30.814, 0.0),
+        11843523.0,
+        None,
+        None,
+        None,
+    ),
+}
+TUNED = ["resnet50_v100_num_workers_0.json.gz", "a100_training_control.json.gz"]
+HELD_OUT = [t for t in TB_PLUGIN if t not in TUNED]
+
+# The spec's bar: within 2 percentage points per category.
+MAX_PP = 2.0
+
+
+def _plugin_percent(values: tuple[float, ...], has_kernels: bool) -> dict[str, float]:
+    kernel, memcpy, memset, comm, runtime, loader, cpu, other = values
+    return {
+        "Kernel": kernel + (comm if has_kernels else 0.0),
+        "Memcpy": memcpy,
+        "Memset": memset,
+        "Runtime": runtime,
+        "DataLoader": loader,
+        "CPU Exec": cpu + (0.0 if has_kernels else comm),
+        "Other": other,
+    }
+
+
+@pytest.mark.parametrize("name", TUNED + HELD_OUT)
+def test_breakdown_agrees_with_the_tensorboard_plugin(load, name):
+    r = load(name)
+    values, step_us, util, sm_eff, occupancy = TB_PLUGIN[name]
+    expected = _plugin_percent(values, r.primary.trace.has_gpu)
+    got = r.breakdown["percent"].to_dict()
+    worst = max(abs(got[c] - expected[c]) for c in CATEGORIES)
+    assert worst <= MAX_PP, {c: (round(got[c], 3), expected[c]) for c in CATEGORIES}
+    # in practice the agreement is far tighter than the bar; keep it that way
+    assert worst <= 0.05, {c: (round(got[c], 3), expected[c]) for c in CATEGORIES}
+    s = r.summary
+    assert s["step_time_us"] == pytest.approx(step_us, abs=0.1)
+    if util is None:
+        assert s["gpu_utilization_percent"] is None
+    else:
+        assert s["gpu_utilization_percent"] == pytest.approx(util, abs=0.01)
+    if sm_eff is not None:
+        assert s["sm_efficiency_percent"] == pytest.approx(sm_eff, abs=0.01)
+    if occupancy is not None:
+        assert s["achieved_occupancy_percent"] == pytest.approx(occupancy, abs=0.01)
+
+
+# HTA 0.5.0 get_idle_time_breakdown, µs: {stream: (host_wait, kernel_wait, other)}
+HTA_IDLE = {
+    "resnet50_v100_num_workers_0.json.gz": {7: (211365, 8433, 0)},
+    "resnet50_v100_num_workers_4.json.gz": {7: (87072, 9076, 0)},
+    "a100_training_control.json.gz": {
+        7: (102154, 14226, 32183),
+        20: (346996, 621, 7470),
+        21: (237710, 71, 0),
+        22: (271786, 1253, 0),
+    },
+    "v100_training_test.json.gz": {
+        7: (2960, 42372, 41756),
+        14: (520794, 1087, 14536),
+        15: (348483, 138, 38936),
+        16: (422925, 829, 0),
+    },
+    "two_ranks/rank-0.json.gz": {
+        7: (213825, 1985, 261740),
+        23: (596037, 70, 34),
+        25: (0, 9, 47865),
+        84: (148934, 6, 0),
+        203: (0, 0, 0),
+    },
+    "two_ranks/rank-1.json.gz": {
+        7: (156827, 1816, 281064),
+        23: (596313, 100, 0),
+        25: (0, 9, 53028),
+        84: (251860, 0, 23247),
+        203: (0, 0, 0),
+    },
+    "a100_alexnet_syncs.json.gz": {7: (12855007, 104, 0), 20: (12011718, 3, 0)},
+}
+
+
+@pytest.mark.parametrize("name", list(HTA_IDLE))
+def test_idle_split_agrees_with_hta(load, name):
+    report = load(name).idle_breakdown(window="hta")
+    got = {
+        int(row.stream): (row.host_wait_us, row.kernel_wait_us, row.other_us)
+        for row in report.streams.itertuples()
+    }
+    assert set(got) == set(HTA_IDLE[name])
+    for stream, expected in HTA_IDLE[name].items():
+        for ours, theirs in zip(got[stream], expected):
+            # HTA sums negative gaps (events that overlap by a rounding error); we clip them
+            assert ours == pytest.approx(theirs, rel=0.01, abs=150), (stream, got[stream], expected)
+
+
+def test_default_idle_window_is_the_steps_and_splits_like_hta(load):
+    r = load("resnet50_v100_num_workers_0.json.gz")
+    ours = r.idle.totals
+    hta = dict(
+        zip(
+            ("host_wait", "kernel_wait", "other"),
+            HTA_IDLE["resnet50_v100_num_workers_0.json.gz"][7],
+        )
+    )
+    # the steps window includes the last step HTA leaves out: more idle time, same split
+    assert ours["host_wait"] > hta["host_wait"]
+    share = ours["host_wait"] / sum(ours.values())
+    assert share == pytest.approx(hta["host_wait"] / sum(hta.values()), abs=0.01)
+    assert r.idle.window_kind == "steps"
+
+
+def test_fractional_timestamps_differ_from_hta_only_by_its_rounding(load):
+    # HTA rounds each ns-resolution event inward to whole µs (ceil start, floor end), so
+    # each of the ~4,000 gaps on stream 7 grows by up to 2 µs in HTA's numbers.
+    report = load("v100_training_5steps.json.gz").idle_breakdown(window="hta")
+    row = report.streams.set_index("stream").loc[7]
+    ours = row.host_wait_us + row.kernel_wait_us + row.other_us
+    hta = 1709 + 8404 + 0
+    gaps = row.events - 1
+    assert ours <= hta <= ours + 2 * gaps
