@@ -18,7 +18,7 @@ _LAZY = {
     "MemTrace": ("gpumagic.memory.report", "MemTrace"),
     "load_trace": ("gpumagic.profile.load", "load_trace"),
     "compare": ("gpumagic.profile.compare", "compare"),
-    "step": ("gpumagic.profile.steps", "step"),
+    "step": ("gpumagic.profile.record", "step"),
     "watch": ("gpumagic.watch", "watch"),
     "env": ("gpumagic.env", "env"),
 }

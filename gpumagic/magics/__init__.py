@@ -15,6 +15,7 @@ from typing import Any
 # (module, class) of every Magics class the extension registers, in order.
 MAGIC_CLASSES: list[tuple[str, str]] = [
     ("gpumagic.magics.memtrace", "MemtraceMagics"),
+    ("gpumagic.magics.profile", "ProfileMagics"),
 ]
 
 _cleanups: list[Callable[[], None]] = []

@@ -1,0 +1,256 @@
+"""``%%gpuprofile`` / ``%gpuprofile``: IPython glue over :mod:`gpumagic.profile`."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from IPython.core.magic import (
+    Magics,
+    line_cell_magic,
+    magics_class,
+    no_var_expand,
+    output_can_be_silenced,
+)
+
+from gpumagic.magics.args import MagicParser
+from gpumagic.render.html import Rendered, escape, wrap
+
+PARSER = MagicParser(
+    "%%gpuprofile",
+    description="Profile the cell under torch.profiler and explain where the time went.",
+)
+PARSER.add_argument("-n", "--name", metavar="NAME", help="keep this run under NAME for --compare")
+PARSER.add_argument("-o", "--output", metavar="VAR", help="also store the result in variable VAR")
+PARSER.add_argument(
+    "--rows", type=int, default=15, metavar="N", help="rows in the operator and kernel tables"
+)
+PARSER.add_argument("--memory", action="store_true", help="record memory (profile_memory=True)")
+PARSER.add_argument(
+    "--shapes", action="store_true", help="record input shapes (record_shapes=True)"
+)
+PARSER.add_argument("--stack", action="store_true", help="record Python stacks (with_stack=True)")
+PARSER.add_argument("--flops", action="store_true", help="estimate FLOPs (with_flops=True)")
+PARSER.add_argument(
+    "--wait", type=int, metavar="N", help="schedule: steps to skip (needs gpumagic.step())"
+)
+PARSER.add_argument("--warmup", type=int, metavar="N", help="schedule: warm-up steps")
+PARSER.add_argument("--active", type=int, metavar="N", help="schedule: steps to record")
+PARSER.add_argument(
+    "--trace",
+    metavar="PATH",
+    help="write the Chrome trace here (.json or .json.gz; opens in Perfetto)",
+)
+PARSER.add_argument(
+    "-q", "--quiet", action="store_true", help="display nothing; the result is still stored"
+)
+PARSER.add_argument(
+    "--compare", nargs=2, metavar=("A", "B"), help="compare two named runs (line magic)"
+)
+PARSER.add_argument(
+    "--load", metavar="PATH", help="analyse a saved trace file or per-rank directory (line magic)"
+)
+
+_AUTOCAST = re.compile(r"\bautocast\b")
+
+
+class _Display(Rendered):
+    """A result shown with a chosen number of table rows, and an optional note on top."""
+
+    def __init__(self, result: Any, rows: int, note: str = "") -> None:
+        self.result, self.rows, self.note = result, rows, note
+
+    def _text(self) -> str:
+        text = self.result.to_text(rows=self.rows)
+        return f"{self.note}\n{text}" if self.note else text
+
+    def _html(self) -> str:
+        html = self.result.to_html(rows=self.rows)
+        if self.note:
+            html = wrap("profile-note", f'<div class="gm-box">{escape(self.note)}</div>') + html
+        return html
+
+
+@magics_class
+class ProfileMagics(Magics):
+    def __init__(self, shell: Any) -> None:
+        super().__init__(shell)
+        self.runs: dict[str, Any] = {}  # -n NAME -> result, for --compare
+
+    @no_var_expand
+    @output_can_be_silenced
+    @line_cell_magic
+    def gpuprofile(self, line: str, cell: str | None = None) -> Any:
+        """Profile a cell under torch.profiler: step-time breakdown, GPU idle, tables, diagnosis.
+
+        %%gpuprofile [-n NAME] [-o VAR] [--rows N] [--memory] [--shapes] [--stack] [--flops]
+                     [--wait N --warmup N --active N] [--trace PATH] [--quiet]
+        %gpuprofile --compare A B       side by side, with deltas, of two runs kept with -n
+        %gpuprofile --load PATH         analyse a saved Chrome trace or per-rank directory
+
+        Inside the cell, ``gpumagic.step()`` marks the end of a training step (a no-op
+        outside a profile); without marks each DataLoader batch starts a step, else the
+        whole cell is one step. The result (``_gpuprofile``, and VAR with -o) has
+        ``.summary``, ``.breakdown``, ``.steps``, ``.ops``, ``.kernels``, ``.idle``,
+        ``.findings`` and ``.export(path)``.
+        """
+        __tracebackhide__ = True
+        opts = PARSER.parse_line(line)
+        for name in (opts.output, opts.name):
+            if name is not None and not name.isidentifier():
+                raise PARSER.usage_error(f"{name!r}: not a valid name")
+        if opts.rows < 1:
+            raise PARSER.usage_error("--rows must be at least 1")
+        if cell is None:
+            return self._line(opts)
+        if opts.compare or opts.load:
+            raise PARSER.usage_error(
+                "--compare and --load are line magics: %gpuprofile --load PATH"
+            )
+        return self._profile(opts, cell, line)
+
+    # -- %gpuprofile --compare / --load ---------------------------------------------------------
+    def _line(self, opts: Any) -> Any:
+        from IPython.display import display
+
+        if opts.compare:
+            from gpumagic.profile.compare import compare
+
+            a, b = (self._run_named(n) for n in opts.compare)
+            comparison = compare(a, b)
+            self._store(comparison, opts, kind="comparison")
+            if not opts.quiet:
+                display(comparison)
+            return None
+        if opts.load:
+            from gpumagic.profile.errors import TraceError
+            from gpumagic.profile.load import load_trace
+
+            try:
+                result = load_trace(opts.load)
+            except TraceError as exc:
+                raise PARSER.usage_error(str(exc)) from None
+            self._store(result, opts)
+            if not opts.quiet:
+                display(_Display(result, opts.rows))
+            return None
+        raise PARSER.usage_error("as a line magic, give --compare A B or --load PATH")
+
+    def _run_named(self, name: str) -> Any:
+        from gpumagic.profile.result import ProfileResult
+
+        if name in self.runs:
+            return self.runs[name]
+        value = self.shell.user_ns.get(name)  # type: ignore[union-attr]
+        if isinstance(value, ProfileResult):
+            return value
+        known = ", ".join(sorted(self.runs)) or "none yet (use %%gpuprofile -n NAME)"
+        raise PARSER.usage_error(f"no run named {name!r}; runs kept: {known}")
+
+    # -- %%gpuprofile ---------------------------------------------------------------------------
+    def _profile(self, opts: Any, cell: str, line: str) -> Any:
+        __tracebackhide__ = True
+        from gpumagic.cell import execute, prepare
+        from gpumagic.profile.live import capture_live_state
+        from gpumagic.profile.load import load_trace
+        from gpumagic.profile.record import Recorder, RecordError, RecordOptions
+        from gpumagic.render.live import LiveView
+
+        shell: Any = self.shell
+        prepared = prepare(shell, cell, f"%%gpuprofile {line}".rstrip())
+        try:
+            recorder = Recorder(
+                RecordOptions(
+                    opts.memory,
+                    opts.shapes,
+                    opts.stack,
+                    opts.flops,
+                    opts.wait,
+                    opts.warmup,
+                    opts.active,
+                )
+            )
+        except ImportError as exc:
+            raise PARSER.usage_error(f"%%gpuprofile needs torch: {exc}") from None
+        live = (
+            None if opts.quiet else LiveView(lambda: _live_line(recorder), delay=1.0, interval=1.0)
+        )
+        error: BaseException | None = None
+        recorder.start()
+        if live is not None:
+            live.start()
+        try:
+            value = execute(shell, prepared)
+        except BaseException as exc:
+            error = exc
+        trace = None
+        record_error = ""
+        try:
+            trace = recorder.stop()
+        except RecordError as exc:
+            record_error = str(exc)
+        result = None
+        try:
+            if trace is not None:
+                state = capture_live_state(shell.user_ns, True if _AUTOCAST.search(cell) else None)
+                result = load_trace(
+                    trace, state, step_marks=recorder.marked_steps, mark_limit=recorder.mark_limit
+                )
+                result.name = opts.name or result.name
+                if opts.trace:
+                    recorder.save(opts.trace)
+        finally:
+            recorder.cleanup()
+        note = ""
+        if error is not None:
+            note = f"The cell failed ({type(error).__name__}: {error}); the profile covers what ran before."
+        if result is not None:
+            self._store(result, opts)
+            if opts.name:
+                self.runs[opts.name] = result
+        elif not record_error:
+            record_error = "no profile was recorded"
+        shown: Any = None
+        if not opts.quiet:
+            if result is not None:
+                shown = _Display(result, opts.rows, note)
+            else:
+                shown = _Note(f"%%gpuprofile: {record_error}")
+        if live is not None and live.mode != "off":
+            live.finish(shown)
+        elif shown is not None:
+            from IPython.display import display
+
+            display(shown)
+        if error is not None:
+            raise error
+        return value
+
+    def _store(self, result: Any, opts: Any, kind: str = "profile") -> None:
+        ns = self.shell.user_ns  # type: ignore[union-attr]
+        ns["_gpuprofile" if kind == "profile" else "_gpuprofile_compare"] = result
+        if opts.output:
+            ns[opts.output] = result
+
+
+class _Note(Rendered):
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def _text(self) -> str:
+        return self.text
+
+    def _html(self) -> str:
+        return wrap("profile-note", f'<div class="gm-box">{escape(self.text)}</div>')
+
+
+def _live_line(recorder: Any) -> str:
+    import time
+
+    elapsed = time.perf_counter() - recorder.started
+    steps = f"{recorder.steps} steps marked" if recorder.steps else "no gpumagic.step() marks yet"
+    device = "CPU + CUDA" if recorder.cuda else "CPU"
+    return wrap(
+        "profile-live",
+        f"<div><b>%%gpuprofile</b> profiling ({device}) · {elapsed:.0f} s elapsed · {steps}</div>",
+    )
