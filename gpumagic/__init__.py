@@ -19,7 +19,7 @@ _LAZY = {
     "load_trace": ("gpumagic.profile.load", "load_trace"),
     "compare": ("gpumagic.profile.compare", "compare"),
     "step": ("gpumagic.profile.record", "step"),
-    "watch": ("gpumagic.watch", "watch"),
+    "watch": ("gpumagic.monitor", "watch"),
     "env": ("gpumagic.env", "env"),
 }
 

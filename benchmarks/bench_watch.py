@@ -1,0 +1,225 @@
+"""What %gpuwatch costs the code it watches.
+
+1. Slowdown: a CPU-bound PyTorch training loop (small MLP) timed with and without the
+   watcher sampling at 1 s, runs alternating so drift and neighbours' load hit both
+   sides alike; the ratio of medians is the cost (target <= 1.01).
+2. CPU per sample: the sampler thread's own CPU time (``time.thread_time`` around each
+   sample), as the watcher measures it.
+3. Live frame: one uncached ``render_live`` frame (snapshot copy + HTML/SVG) with a full
+   default window (300 samples at 1 s), which the live view draws at most once a second.
+
+On a machine without an NVIDIA driver the watcher samples the host (psutil) and that is
+what is measured; on a GPU machine the same script measures the NVML path.
+
+    python benchmarks/bench_watch.py [--pairs N] [--seconds S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from gpumagic.monitor import Watcher, watch
+from gpumagic.monitor.ring import capacity_for
+from gpumagic.render.watch import render_time
+
+
+def make_step() -> Any:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512),
+        torch.nn.ReLU(),
+        torch.nn.Linear(512, 512),
+        torch.nn.ReLU(),
+        torch.nn.Linear(512, 10),
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(128, 256)
+    y = torch.randint(0, 10, (128,))
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def timed_loop(step: Any, steps: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return time.perf_counter() - t0
+
+
+def calibrate(step: Any, seconds: float) -> int:
+    """Steps that take ``seconds`` undisturbed: the fastest of three timings, because
+    neighbours' load only ever adds time."""
+    for _ in range(20):  # warm up allocator and kernels
+        step()
+    n = 50
+    while True:
+        dt = min(timed_loop(step, n) for _ in range(3))
+        if dt > 0.3:
+            return max(1, int(n * seconds / dt))
+        n *= 2
+
+
+def bench_slowdown(
+    pairs: int, seconds: float, interval: float, step: Any, steps: int
+) -> dict[str, Any]:
+    base: list[float] = []
+    watched: list[float] = []
+    samples = 0
+    cpu_s = 0.0
+    for i in range(pairs):
+        # Alternate which side goes first so a trend in background load favours neither.
+        order = ("base", "watch") if i % 2 == 0 else ("watch", "base")
+        for side in order:
+            if side == "base":
+                base.append(timed_loop(step, steps))
+                continue
+            w = watch(interval=interval, cells=False)
+            watched.append(timed_loop(step, steps))
+            w.stop()
+            samples += w.samples_taken
+            cpu_s += w.sample_cpu_s
+    # Each pair ran back to back, so the neighbours' load is most alike within a pair: the
+    # median of the pair ratios is the headline; ratio of medians and of minimums (the
+    # least disturbed runs) are printed as cross-checks.
+    pair_ratios = [w / b for w, b in zip(watched, base)]
+    return {
+        "interval": interval,
+        "steps_per_run": steps,
+        "base_median_s": statistics.median(base),
+        "watched_median_s": statistics.median(watched),
+        "ratio": statistics.median(pair_ratios),
+        "ratio_of_medians": statistics.median(watched) / statistics.median(base),
+        "ratio_of_minimums": min(watched) / min(base),
+        "pair_ratios": pair_ratios,
+        "base_runs": base,
+        "watched_runs": watched,
+        "samples_during_runs": samples,
+        "cpu_per_sample_in_runs_s": cpu_s / samples if samples else float("nan"),
+        "reason": Watcher(cells=False).reason,
+    }
+
+
+def bench_sample_cost(seconds: float = 3.0) -> dict[str, Any]:
+    """Steady-state CPU per sample: the thread sampling every 0.1 s on an idle process."""
+    w = watch(interval=0.1, cells=False)
+    time.sleep(0.5)  # leave out the first, cold samples
+    n0, c0 = w.samples_taken, w.sample_cpu_s
+    time.sleep(seconds)
+    n1, c1 = w.samples_taken, w.sample_cpu_s
+    w.stop()
+    return {"samples": n1 - n0, "cpu_per_sample_s": (c1 - c0) / max(1, n1 - n0)}
+
+
+def bench_render() -> dict[str, Any]:
+    w = Watcher(interval=1.0, window=300.0, cells=False)
+    for _ in range(capacity_for(300.0, 1.0)):
+        w.sample_now()  # real samples, taken back to back to fill the window
+    per_frame = render_time(w, repeat=20)
+    w.stop()
+    day = Watcher(interval=1.0, window=86_400.0, cells=False)
+    return {
+        "devices": len(w.devices),
+        "points_per_series": len(w.snapshot().times),
+        "render_live_s": per_frame,
+        "ring_bytes_default": w._ring.nbytes,
+        "ring_bytes_one_day": day._ring.nbytes,
+    }
+
+
+def _print_slowdown(n: int, slow: dict[str, Any], pairs: int) -> None:
+    print(
+        f"\n{n}. training-loop slowdown, watcher every {slow['interval']:g} s ({pairs} alternating pairs, "
+        f"{slow['steps_per_run']} steps per run)"
+    )
+    print(
+        f"   without watcher: median {slow['base_median_s']:.3f} s  "
+        f"runs {', '.join(f'{t:.3f}' for t in slow['base_runs'])}"
+    )
+    print(
+        f"   with watcher:    median {slow['watched_median_s']:.3f} s  "
+        f"runs {', '.join(f'{t:.3f}' for t in slow['watched_runs'])}"
+    )
+    print(f"   pair ratios: {', '.join(f'{r:.3f}' for r in slow['pair_ratios'])}")
+    target = (
+        " (target <= 1.01: " + ("OK)" if slow["ratio"] <= 1.01 else "ABOVE TARGET)")
+        if slow["interval"] == 1.0
+        else ""
+    )
+    print(f"   ratio with/without (median of pairs): {slow['ratio']:.4f}{target}")
+    print(
+        f"   cross-checks: ratio of medians {slow['ratio_of_medians']:.4f}, "
+        f"ratio of fastest runs {slow['ratio_of_minimums']:.4f}"
+    )
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--pairs", type=int, default=7, help="with/without run pairs per interval (default 7)"
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=2.0, help="seconds per training run (default 2)"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch threads (default: torch's choice)"
+    )
+    args = parser.parse_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+
+    step = make_step()
+    steps = calibrate(step, args.seconds)
+    slow = bench_slowdown(args.pairs, args.seconds, 1.0, step, steps)
+    # The same at 10x the sampling rate: the watcher's cost scales with samples per second,
+    # so this bounds the 1 s cost at a tenth of what it shows, above this machine's noise.
+    fast = bench_slowdown(args.pairs, args.seconds, 0.1, step, steps)
+    cost = bench_sample_cost()
+    render = bench_render()
+
+    print("gpumagic %gpuwatch benchmark")
+    print(
+        f"  sampling: {'GPU (NVML)' if slow['reason'] is None else 'host only: ' + slow['reason']}"
+    )
+    print(f"  torch {torch.__version__}, {torch.get_num_threads()} threads")
+    for n, res in ((1, slow), (2, fast)):
+        _print_slowdown(n, res, args.pairs)
+    print("\n3. CPU time per sample (sampler thread, time.thread_time)")
+    print(
+        f"   during the training runs: {slow['cpu_per_sample_in_runs_s'] * 1e6:.0f} µs "
+        f"({slow['samples_during_runs']} samples, incl. the start/stop samples)"
+    )
+    print(
+        f"   steady state, idle process: {cost['cpu_per_sample_s'] * 1e6:.0f} µs ({cost['samples']} samples)"
+    )
+    print("\n4. live frame (render_live, uncached: snapshot + HTML/SVG)")
+    print(
+        f"   {render['devices']} device row(s), {render['points_per_series']} points per series: "
+        f"{render['render_live_s'] * 1e3:.2f} ms per frame"
+    )
+    print(
+        f"   ring buffer: {render['ring_bytes_default'] / 1024:.0f} KiB for the default 300 s window, "
+        f"{render['ring_bytes_one_day'] / 2**20:.1f} MiB for a one-day window (fixed, preallocated)"
+    )
+    return {"slowdown": slow, "slowdown_fast": fast, "sample_cost": cost, "render": render}
+
+
+if __name__ == "__main__":
+    main()

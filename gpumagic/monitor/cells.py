@@ -1,0 +1,236 @@
+"""Cell marks: when each notebook cell ran, and what the GPUs did while it ran.
+
+IPython's ``pre_run_cell``/``post_run_cell`` events give start and end; the sampler thread
+folds every sample taken while a cell is open into that cell's running peaks, so the
+per-cell summary survives the ring buffer dropping old samples. Callbacks run on the
+main thread inside IPython's event loop and must never raise (IPython would print a
+traceback under the user's cell), so each one is guarded.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpumagic.monitor import metrics as M
+
+# Enough for a long day of notebook work; the list is bounded like everything else.
+MAX_CELLS = 10_000
+_SOURCE_CHARS = 120
+
+
+def first_line(source: str) -> str:
+    """The first non-blank line of a cell, trimmed, for labels and the summary table."""
+    for line in source.splitlines():
+        if line.strip():
+            line = line.strip()
+            return line if len(line) <= _SOURCE_CHARS else line[: _SOURCE_CHARS - 1] + "…"
+    return ""
+
+
+def _nanmax(a: float, b: float) -> float:
+    if math.isnan(a):
+        return b
+    if math.isnan(b):
+        return a
+    return max(a, b)
+
+
+@dataclass
+class CellRecord:
+    """One cell that ran while watching. Times are ``time.time()`` seconds."""
+
+    execution_count: int | None
+    source: str
+    start: float
+    end: float | None = None
+    success: bool | None = None
+    samples: int = 0
+    peak_utilization: float = math.nan  # busiest GPU's utilization.gpu, %
+    sum_utilization: float = 0.0
+    n_utilization: int = 0
+    peak_memory: float = math.nan  # largest memory.used of any watched GPU, bytes
+    peak_process_memory: float = math.nan  # this process's GPU memory, all GPUs summed, bytes
+    peak_host_cpu: float = math.nan
+    peak_host_memory: float = math.nan
+    holds_gpu_memory: bool | None = None  # whether this process held GPU memory (None: unknown)
+
+    @property
+    def running(self) -> bool:
+        return self.end is None
+
+    @property
+    def mean_utilization(self) -> float:
+        return self.sum_utilization / self.n_utilization if self.n_utilization else math.nan
+
+    def duration(self, now: float | None = None) -> float:
+        """Seconds the cell ran (so far, for a running cell)."""
+        end = self.end if self.end is not None else (time.time() if now is None else now)
+        return max(0.0, end - self.start)
+
+    def fold(self, block: np.ndarray, gpu_rows: list[int], host_row: int | None) -> None:
+        """Take one sample into this cell's peaks (sampler thread, under the marks' lock)."""
+        self.samples += 1
+        if gpu_rows:
+            util = block[gpu_rows, M.UTIL_GPU]
+            if not np.isnan(util).all():
+                busiest = float(np.nanmax(util))
+                self.peak_utilization = _nanmax(self.peak_utilization, busiest)
+                self.sum_utilization += busiest
+                self.n_utilization += 1
+            mem = block[gpu_rows, M.MEM_USED]
+            if not np.isnan(mem).all():
+                self.peak_memory = _nanmax(self.peak_memory, float(np.nanmax(mem)))
+            proc = block[gpu_rows, M.PROC_MEM]
+            if not np.isnan(proc).all():
+                total = float(np.nansum(proc))
+                self.peak_process_memory = _nanmax(self.peak_process_memory, total)
+                self.holds_gpu_memory = bool(self.holds_gpu_memory) or total > 0
+        if host_row is not None:
+            self.peak_host_cpu = _nanmax(self.peak_host_cpu, float(block[host_row, M.HOST_CPU]))
+            self.peak_host_memory = _nanmax(
+                self.peak_host_memory, float(block[host_row, M.HOST_MEM_USED])
+            )
+
+
+class CellMarks:
+    """Records cells from IPython events; ``attach(shell)`` / ``detach()`` (idempotent)."""
+
+    def __init__(self, on_cell_end: Any = None) -> None:
+        self.cells: deque[CellRecord] = deque(maxlen=MAX_CELLS)
+        self._open: list[CellRecord] = []  # a stack: a cell may run a cell (shell.run_cell)
+        self._closing: list[CellRecord] = []  # ended, waiting for the sample that closes them
+        self._lock = threading.Lock()
+        self._shell: Any = None
+        self._on_cell_end = on_cell_end
+        # pre_run_cell sees shell.execution_count before or after IPython increments it,
+        # depending on the IPython version; the first post_run_cell tells us which.
+        self._count_offset: int | None = None
+
+    # -- registration --------------------------------------------------------------------
+    def attach(self, shell: Any) -> None:
+        if self._shell is shell:
+            return
+        self.detach()
+        shell.events.register("pre_run_cell", self._pre_run_cell)
+        shell.events.register("post_run_cell", self._post_run_cell)
+        self._shell = shell
+
+    def detach(self) -> None:
+        shell, self._shell = self._shell, None
+        if shell is None:
+            return
+        for event, fn in (
+            ("pre_run_cell", self._pre_run_cell),
+            ("post_run_cell", self._post_run_cell),
+        ):
+            try:
+                shell.events.unregister(event, fn)
+            except ValueError:  # already removed (someone reset the event manager)
+                pass
+
+    @property
+    def attached(self) -> bool:
+        return self._shell is not None
+
+    # -- IPython callbacks (main thread) -------------------------------------------------
+    def _pre_run_cell(self, info: Any) -> None:
+        try:
+            raw = getattr(info, "raw_cell", "") or ""
+            count: int | None = None
+            if getattr(info, "store_history", True) and self._shell is not None:
+                count = int(self._shell.execution_count) + (self._count_offset or 0)
+            self.open(first_line(raw), count)
+        except Exception:  # never break the user's cell
+            pass
+
+    def _post_run_cell(self, result: Any) -> None:
+        try:
+            info = getattr(result, "info", None)
+            raw = getattr(info, "raw_cell", None)
+            if raw is not None and not raw.strip():
+                return  # IPython fires post_run_cell (but not pre_run_cell) for empty cells
+            count = getattr(result, "execution_count", None)
+            success = getattr(result, "success", None)
+            self.close(count, success)
+        except Exception:
+            pass
+
+    # -- any thread ----------------------------------------------------------------------
+    def open(
+        self, source: str, execution_count: int | None, start: float | None = None
+    ) -> CellRecord:
+        record = CellRecord(execution_count, source, time.time() if start is None else start)
+        with self._lock:
+            self._open.append(record)
+            self.cells.append(record)
+        return record
+
+    def close(
+        self,
+        execution_count: int | None = None,
+        success: bool | None = None,
+        end: float | None = None,
+    ) -> CellRecord | None:
+        with self._lock:
+            if not self._open:
+                return None  # the cell that started the watcher ends: it was never opened
+            record = self._open.pop()
+            record.end = time.time() if end is None else end
+            record.success = success
+            if execution_count is not None:
+                if record.execution_count is not None and self._count_offset is None:
+                    self._count_offset = execution_count - record.execution_count
+                record.execution_count = execution_count
+            self._closing.append(record)
+        if self._on_cell_end is not None:
+            self._on_cell_end()
+        return record
+
+    def close_all(self, end: float) -> None:
+        """Stop watching: cells still open end now (their duration is cut at the stop)."""
+        with self._lock:
+            while self._open:
+                record = self._open.pop()
+                record.end = end
+            self._closing.clear()
+
+    def fold(self, t: float, block: np.ndarray, gpu_rows: list[int], host_row: int | None) -> None:
+        """Sampler thread: add a sample to every open cell and to cells that just ended.
+
+        NVML's utilisation is an average over the last sampling period of the driver, so the
+        first sample after a cell ends still describes the cell's last moments; it is the
+        only sample a cell shorter than the interval gets.
+        """
+        with self._lock:
+            for record in self._open:
+                if t >= record.start:
+                    record.fold(block, gpu_rows, host_row)
+            for record in self._closing:
+                record.fold(block, gpu_rows, host_row)
+            self._closing.clear()
+
+    def running(self) -> CellRecord | None:
+        with self._lock:
+            return self._open[-1] if self._open else None
+
+    def records(self, since: float | None = None) -> list[CellRecord]:
+        """Copies of the records (the sampler keeps updating the originals), oldest first;
+        with ``since``, only cells still running or ended at or after it (what a live frame
+        draws: copying a day's 10 000 cells every second would cost more than the frame)."""
+        with self._lock:
+            if since is None:
+                return [CellRecord(**vars(r)) for r in self.cells]
+            out = []
+            for r in reversed(self.cells):
+                if r.end is not None and r.end < since:
+                    break  # cells are in start order, so everything older ended earlier
+                out.append(CellRecord(**vars(r)))
+            out.reverse()
+            return out

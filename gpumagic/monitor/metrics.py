@@ -1,0 +1,118 @@
+"""What the watcher samples: one table of metrics shared by the ring buffer, the CSV log,
+the DataFrame and the charts, so a column means the same thing everywhere.
+
+Values are kept as float64 (NaN = missing) in internal units: bytes for memory, percent
+for utilisation, °C, watts, MHz, and the raw NVML bit mask for throttle reasons. The CSV
+uses nvidia-smi's ``--query-gpu`` names and its ``nounits`` convention (units in the
+header, bare numbers in the cells, memory in MiB) so existing scripts that read
+``nvidia-smi --format=csv`` logs read ours.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str  # DataFrame column
+    csv: str  # CSV column (nvidia-smi's query name where one exists)
+    unit: str  # "%", "B", "°C", "W", "MHz", "mask"
+    scope: str  # "gpu" (one value per GPU) or "host" (one value per machine/process)
+    csv_scale: float = 1.0  # multiply the internal value by this for the CSV
+    csv_digits: int = 0
+
+
+METRICS: tuple[Metric, ...] = (
+    Metric("utilization_gpu", "utilization.gpu [%]", "%", "gpu"),
+    Metric("utilization_memory", "utilization.memory [%]", "%", "gpu"),
+    Metric("memory_used", "memory.used [MiB]", "B", "gpu", 1 / MIB),
+    Metric("memory_total", "memory.total [MiB]", "B", "gpu", 1 / MIB),
+    # nvidia-smi --query-compute-apps calls it used_gpu_memory; "process." = this kernel.
+    Metric("process_memory_used", "process.used_gpu_memory [MiB]", "B", "gpu", 1 / MIB),
+    Metric("temperature", "temperature.gpu", "°C", "gpu"),
+    Metric("power_draw", "power.draw [W]", "W", "gpu", 1.0, 2),
+    Metric("power_limit", "power.limit [W]", "W", "gpu", 1.0, 2),
+    Metric("clock_sm", "clocks.sm [MHz]", "MHz", "gpu"),
+    Metric("clock_mem", "clocks.mem [MHz]", "MHz", "gpu"),
+    Metric("throttle_reasons", "clocks_throttle_reasons.active", "mask", "gpu"),
+    Metric("host_cpu", "host.cpu [%]", "%", "host", 1.0, 1),
+    Metric("host_memory_used", "host.memory.used [MiB]", "B", "host", 1 / MIB),
+    Metric("host_memory_total", "host.memory.total [MiB]", "B", "host", 1 / MIB),
+    # Share of the whole machine's CPU time (same 0-100 scale as host.cpu), not top's per-core %.
+    Metric("process_cpu", "process.cpu [%]", "%", "host", 1.0, 1),
+    Metric("process_rss", "process.memory.rss [MiB]", "B", "host", 1 / MIB),
+)
+
+INDEX: dict[str, int] = {m.key: i for i, m in enumerate(METRICS)}
+N_METRICS = len(METRICS)
+GPU_METRICS = tuple(m for m in METRICS if m.scope == "gpu")
+HOST_METRICS = tuple(m for m in METRICS if m.scope == "host")
+
+UTIL_GPU = INDEX["utilization_gpu"]
+UTIL_MEM = INDEX["utilization_memory"]
+MEM_USED = INDEX["memory_used"]
+MEM_TOTAL = INDEX["memory_total"]
+PROC_MEM = INDEX["process_memory_used"]
+TEMPERATURE = INDEX["temperature"]
+POWER_DRAW = INDEX["power_draw"]
+POWER_LIMIT = INDEX["power_limit"]
+CLOCK_SM = INDEX["clock_sm"]
+CLOCK_MEM = INDEX["clock_mem"]
+THROTTLE = INDEX["throttle_reasons"]
+HOST_CPU = INDEX["host_cpu"]
+HOST_MEM_USED = INDEX["host_memory_used"]
+HOST_MEM_TOTAL = INDEX["host_memory_total"]
+PROC_CPU = INDEX["process_cpu"]
+PROC_RSS = INDEX["process_rss"]
+
+# nvmlClocksThrottleReason* bits (nvml.h; same values as the newer nvmlClocksEventReason*),
+# named as nvidia-smi's clocks_throttle_reasons.<name> query fields.
+THROTTLE_BITS: tuple[tuple[int, str], ...] = (
+    (0x1, "gpu_idle"),
+    (0x2, "applications_clocks_setting"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal_slowdown"),
+    (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"),
+    (0x100, "display_clock_setting"),
+    (0x200, "board_limit"),
+    (0x400, "reliability"),
+)
+THERMAL_BITS = 0x20 | 0x40
+POWER_BITS = 0x4 | 0x80
+# HW slowdown is asserted for thermal *or* power-brake reasons (nvml.h); it slows clocks
+# either way, so it counts as throttling. Idle, sync boost, application clocks and display
+# clocks are the GPU behaving as configured, not a problem.
+SLOWDOWN_BITS = THERMAL_BITS | POWER_BITS | 0x8 | 0x200 | 0x400
+
+
+def throttle_names(mask: float | int | None) -> list[str]:
+    """Decode a throttle-reason bit mask into nvidia-smi's names; [] for none or missing."""
+    if mask is None or (isinstance(mask, float) and math.isnan(mask)):
+        return []
+    value = int(mask)
+    names = [name for bit, name in THROTTLE_BITS if value & bit]
+    known = 0
+    for bit, _ in THROTTLE_BITS:
+        known |= bit
+    if value & ~known:
+        names.append(f"unknown_0x{value & ~known:x}")
+    return names
+
+
+def csv_value(metric: Metric, value: float) -> str:
+    """One CSV cell: empty for missing (pandas reads NaN), hex for the throttle mask like nvidia-smi."""
+    if math.isnan(value):
+        return ""
+    if metric.unit == "mask":
+        return f"0x{int(value):016x}"
+    scaled = value * metric.csv_scale
+    if metric.csv_digits == 0:
+        return str(round(scaled))
+    return f"{scaled:.{metric.csv_digits}f}"

@@ -1,0 +1,213 @@
+"""What a watcher hands back: ``WatchStatus`` (the values now) and ``WatchResult`` (the
+window's samples and the cells that ran), as plain data plus a mime bundle.
+
+DataFrame columns are in internal units, named once in ``UNITS``: bytes for memory,
+percent, °C, W, MHz, microseconds for durations; ``time``/``start`` are timezone-aware
+local timestamps. pandas is imported when a frame is first asked for.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from gpumagic.monitor import metrics as M
+from gpumagic.monitor.alerts import Alert, cell_note
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from gpumagic.monitor.watcher import Snapshot
+
+UNITS: dict[str, str] = {m.key: m.unit for m in M.METRICS} | {
+    "duration_us": "µs",
+    "peak_utilization": "%",
+    "mean_utilization": "%",
+    "peak_memory": "B",
+    "peak_process_memory": "B",
+    "peak_host_cpu": "%",
+    "peak_host_memory": "B",
+}
+
+_GPU_CELL_COLUMNS = ("peak_utilization", "mean_utilization", "peak_memory", "peak_process_memory")
+
+
+def _local_times(times: np.ndarray) -> pd.DatetimeIndex:
+    import pandas as pd
+
+    tz = datetime.now().astimezone().tzinfo
+    return pd.DatetimeIndex(pd.to_datetime(times, unit="s", utc=True)).tz_convert(tz)
+
+
+def device_values(snapshot: Snapshot, sample: int = -1) -> list[dict[str, Any]]:
+    """One dict per device for one sample (the latest by default): ids, metrics, throttle names."""
+    if len(snapshot.times) == 0:
+        return []
+    out = []
+    for row, device in enumerate(snapshot.devices):
+        v = snapshot.values[sample, row]
+        entry: dict[str, Any] = {
+            "device": device.key,
+            "label": device.label,
+            "name": device.name,
+            "index": device.nvml_index,
+            "cuda_index": device.cuda_index,
+        }
+        for metric in M.METRICS:
+            if (metric.scope == "gpu") == (device.kind == "gpu"):
+                entry[metric.key] = float(v[M.INDEX[metric.key]])
+        if device.kind == "gpu":
+            entry["throttle"] = M.throttle_names(v[M.THROTTLE])
+        out.append(entry)
+    return out
+
+
+class WatchStatus:
+    """The latest sample of every device, the alerts active now and why anything is missing."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+        self.devices: list[dict[str, Any]] = device_values(snapshot)
+        self.alerts: list[Alert] = snapshot.alerts
+        self.reason = snapshot.reason
+        self.notes = snapshot.notes
+        self.time = snapshot.now
+        self.running = snapshot.running
+
+    def __getitem__(self, device: str) -> dict[str, Any]:
+        """``status["cuda:0"]`` or ``status["host"]``."""
+        for entry in self.devices:
+            if entry["device"] == device:
+                return entry
+        raise KeyError(f"{device!r}: devices are {[e['device'] for e in self.devices]}")
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        from gpumagic.render.watch import status_html, status_text
+
+        return {"text/plain": status_text(self), "text/html": status_html(self)}
+
+    def __repr__(self) -> str:
+        from gpumagic.render.watch import status_text
+
+        return status_text(self)
+
+
+class WatchResult:
+    """A stopped (or snapshotted) watch: ``samples`` and ``cells`` frames, the log path,
+    alerts seen, and a static summary chart as its mime bundle."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+        self.devices = snapshot.devices
+        self.log: str | None = snapshot.log_path
+        self.reason = snapshot.reason
+        self.notes = snapshot.notes
+        self.interval = snapshot.interval
+        self.window = snapshot.window
+        self.alerts: list[tuple[Alert, float, int]] = snapshot.alerts_seen
+        self.samples_taken = snapshot.samples_taken
+        self._samples: pd.DataFrame | None = None
+        self._cells: pd.DataFrame | None = None
+
+    @property
+    def has_gpus(self) -> bool:
+        return any(d.kind == "gpu" for d in self.devices)
+
+    @property
+    def sample_cpu_mean_s(self) -> float:
+        """Mean CPU seconds one sample cost the sampler thread."""
+        n = self.snapshot.samples_taken
+        return self.snapshot.sample_cpu_s / n if n else math.nan
+
+    @property
+    def samples(self) -> pd.DataFrame:
+        """Every sample in the window, one row per device per sample."""
+        if self._samples is None:
+            self._samples = self._build_samples()
+        return self._samples
+
+    @property
+    def cells(self) -> pd.DataFrame:
+        """One row per cell that ran while watching, with its peaks."""
+        if self._cells is None:
+            self._cells = self._build_cells()
+        return self._cells
+
+    def _build_samples(self) -> pd.DataFrame:
+        import pandas as pd
+
+        snap = self.snapshot
+        n, d = len(snap.times), len(snap.devices)
+        keep = [m for m in M.METRICS if self.has_gpus or m.scope != "gpu"]
+        flat = snap.values.reshape(n * d, M.N_METRICS)
+        data: dict[str, Any] = {
+            "time": _local_times(np.repeat(snap.times, d)),
+            "device": np.tile(np.array([x.key for x in snap.devices], dtype=object), n),
+            "index": pd.array(np.tile([x.nvml_index for x in snap.devices], n), dtype="Int64"),
+            "cuda_index": pd.array(np.tile([x.cuda_index for x in snap.devices], n), dtype="Int64"),
+            "name": np.tile(np.array([x.name for x in snap.devices], dtype=object), n),
+        }
+        for metric in keep:
+            column = flat[:, M.INDEX[metric.key]]
+            if metric.key == "throttle_reasons":
+                data[metric.key] = pd.array(
+                    [None if math.isnan(x) else int(x) for x in column], dtype="Int64"
+                )
+                data["throttle"] = [";".join(M.throttle_names(x)) for x in column]
+            else:
+                data[metric.key] = column
+        return pd.DataFrame(data)
+
+    def _build_cells(self) -> pd.DataFrame:
+        import pandas as pd
+
+        rows = []
+        for cell in self.snapshot.cells:
+            rows.append(
+                {
+                    "execution_count": cell.execution_count,
+                    "source": cell.source,
+                    "start": cell.start,
+                    "duration_us": cell.duration(self.snapshot.now) * 1e6,
+                    "peak_utilization": cell.peak_utilization,
+                    "mean_utilization": cell.mean_utilization,
+                    "peak_memory": cell.peak_memory,
+                    "peak_process_memory": cell.peak_process_memory,
+                    "peak_host_cpu": cell.peak_host_cpu,
+                    "peak_host_memory": cell.peak_host_memory,
+                    "samples": cell.samples,
+                    "success": cell.success,
+                    "note": cell_note(cell),
+                }
+            )
+        columns = [
+            "execution_count",
+            "source",
+            "start",
+            "duration_us",
+            *_GPU_CELL_COLUMNS,
+            "peak_host_cpu",
+            "peak_host_memory",
+            "samples",
+            "success",
+            "note",
+        ]
+        frame = pd.DataFrame(rows, columns=columns)
+        frame["execution_count"] = frame["execution_count"].astype("Int64")
+        frame["start"] = _local_times(frame["start"].to_numpy(dtype=float))
+        if not self.has_gpus:
+            frame = frame.drop(columns=list(_GPU_CELL_COLUMNS))
+        return frame
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        from gpumagic.render.watch import result_html, result_text
+
+        return {"text/plain": result_text(self), "text/html": result_html(self)}
+
+    def __repr__(self) -> str:
+        from gpumagic.render.watch import result_text
+
+        return result_text(self)

@@ -1,0 +1,492 @@
+"""The sampler thread and the one-per-process "current watcher".
+
+A ``Watcher`` validates everything (interval, window, GPU indexes, log path) in its
+constructor, so bad input fails before any thread exists. ``start()`` replaces whatever
+watcher was running (two samplers would double the cost and fight over the cell events),
+takes the first sample on the calling thread (so ``status()`` has data at once) and
+starts a daemon thread that samples every ``interval`` seconds until ``stop()``.
+
+Nothing the thread does raises: a sample that fails part-way records the error and the
+next sample runs as usual. The thread's own CPU time per sample is measured
+(``time.thread_time``) so its cost is a number, not a guess.
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from gpumagic.monitor import metrics as M
+from gpumagic.monitor.alerts import LOW_UTIL_SPAN_S, Alert, compute_alerts
+from gpumagic.monitor.cells import CellMarks, CellRecord
+from gpumagic.monitor.csvlog import CsvLog
+from gpumagic.monitor.devices import Device
+from gpumagic.monitor.host import HostReader
+from gpumagic.monitor.nvml import GpuReader, cuda_in_use, select_gpus
+from gpumagic.monitor.ring import Ring, capacity_for
+
+if TYPE_CHECKING:
+    from gpumagic.monitor.result import WatchResult, WatchStatus
+    from gpumagic.render.live import LiveView
+
+MIN_INTERVAL = 0.1  # NVML's utilisation counters update at ~6-60 Hz; faster only costs CPU
+# A cell-end sample is taken at once, but never closer than this to the previous one, so a
+# notebook of many tiny cells ("Run all") cannot turn the sampler into a busy loop.
+MIN_SPACING = 0.1
+_JOIN_TIMEOUT_S = 5.0
+
+
+@dataclass
+class Snapshot:
+    """A consistent copy of a watcher's state: what renderers and results read."""
+
+    devices: tuple[Device, ...]
+    times: np.ndarray  # (samples,) time.time() seconds, oldest first, within the window
+    values: np.ndarray  # (samples, devices, metrics) float64, NaN = missing
+    cells: list[CellRecord]
+    alerts: list[Alert]  # active at the latest sample
+    alerts_seen: list[tuple[Alert, float, int]]  # (first occurrence, last time, samples)
+    reason: str | None  # why there is no GPU panel (None when GPUs are watched)
+    notes: list[str]
+    interval: float
+    window: float
+    started: float
+    now: float
+    running: bool
+    log_path: str | None
+    samples_taken: int
+    sample_cpu_s: float  # CPU seconds the samples cost, all together
+    seq: int  # samples ever pushed: changes exactly when there is something new to draw
+
+    @property
+    def gpu_rows(self) -> list[int]:
+        return [i for i, d in enumerate(self.devices) if d.kind == "gpu"]
+
+    @property
+    def host_row(self) -> int:
+        return len(self.devices) - 1
+
+
+def _check_interval(interval: float) -> tuple[float, str | None]:
+    try:
+        value = float(interval)
+    except (TypeError, ValueError):
+        raise ValueError(f"interval must be a number of seconds, got {interval!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
+    if value < MIN_INTERVAL:
+        return MIN_INTERVAL, f"interval raised from {value:g} s to the {MIN_INTERVAL:g} s floor"
+    return value, None
+
+
+def _check_window(window: float, interval: float) -> float:
+    try:
+        value = float(window)
+    except (TypeError, ValueError):
+        raise ValueError(f"window must be a number of seconds, got {window!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"window must be a positive number of seconds, got {window!r}")
+    if value < interval:
+        raise ValueError(f"window ({value:g} s) must be at least one interval ({interval:g} s)")
+    return value
+
+
+def _check_gpus(gpus: int | str | Sequence[int] | None) -> list[int] | None:
+    if gpus is None:
+        return None
+    items: Sequence[Any]
+    if isinstance(gpus, str):
+        items = [g for g in gpus.replace(" ", "").split(",") if g]
+    elif isinstance(gpus, int):
+        items = [gpus]
+    else:
+        items = list(gpus)
+    out: list[int] = []
+    for item in items:
+        if isinstance(item, bool):
+            raise ValueError(f"GPU indexes must be integers, got {item!r}")
+        try:
+            out.append(int(item))
+        except (TypeError, ValueError):
+            raise ValueError(f"GPU indexes must be integers (CUDA indexes), got {item!r}") from None
+    if not out:
+        raise ValueError("gpus is empty: pass None to watch every visible GPU")
+    return out
+
+
+class Watcher:
+    """Samples every visible GPU (or the host) in a background thread.
+
+    ``gpus`` are CUDA indexes (``cuda:N`` as PyTorch numbers them under
+    ``CUDA_VISIBLE_DEVICES``). ``cells`` registers IPython cell marks on ``shell`` (the
+    running IPython by default) while the watcher runs.
+    """
+
+    def __init__(
+        self,
+        interval: float = 1.0,
+        log: str | os.PathLike[str] | None = None,
+        gpus: int | str | Sequence[int] | None = None,
+        window: float = 300.0,
+        *,
+        cells: bool = True,
+        shell: Any = None,
+    ) -> None:
+        self.interval, floor_note = _check_interval(interval)
+        self.window = _check_window(window, self.interval)
+        selection = select_gpus(_check_gpus(gpus))
+        self.reason = selection.reason
+        self._notes: list[str] = ([floor_note] if floor_note else []) + selection.notes
+        pid = os.getpid()
+        self._gpu_readers = [GpuReader(selection.module, d, g, pid) for d, g in selection.gpus]
+        self._host = HostReader()
+        self.devices: tuple[Device, ...] = (
+            *(r.device for r in self._gpu_readers),
+            self._host.device,
+        )
+        self._gpu_rows = list(range(len(self._gpu_readers)))
+        self._host_row = len(self.devices) - 1
+        self._ring = Ring(capacity_for(self.window, self.interval), len(self.devices), M.N_METRICS)
+        # Opened here, before any thread: an unwritable path is a ValueError naming it.
+        self._log = CsvLog(log, self.devices) if log is not None else None
+
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self.marks = CellMarks(on_cell_end=self._wake.set)
+        self._want_cells = cells
+        self._shell = shell
+        self._thread: threading.Thread | None = None
+        self._sample_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._alerts: list[Alert] = []
+        self._alerts_seen: dict[tuple[str, str], tuple[Alert, float, int]] = {}
+        self._process_note: str | None = None
+        self.started = math.nan
+        self.stopped_at: float | None = None
+        self.samples_taken = 0
+        self.sample_cpu_s = 0.0  # thread CPU seconds spent sampling, all samples together
+        self.sample_errors = 0
+        self.last_error: str | None = None
+        self._result: WatchResult | None = None
+        self._view: LiveView | None = None
+        self._render_cache: tuple[int, bool, str] | None = None  # used by render_live
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self) -> Watcher:
+        """Start sampling (stopping any other running watcher first); returns self."""
+        global _current
+        with _current_lock:
+            if self._result is not None:
+                raise RuntimeError(
+                    "this watcher was stopped; start a new one with gpumagic.watch()"
+                )
+            if self._thread is not None:
+                return self
+            previous = _current
+            if previous is not None and previous is not self:
+                previous.stop()
+            _register_atexit()
+            if self._want_cells:
+                shell = self._shell if self._shell is not None else _running_ipython()
+                if shell is not None:
+                    self.marks.attach(shell)
+            self.started = time.time()
+            self.sample_now()
+            self._thread = threading.Thread(target=self._run, name="gpumagic-watch", daemon=True)
+            self._thread.start()
+            _current = self
+        return self
+
+    def stop(self) -> WatchResult:
+        """Stop the thread, close the log, unregister cell marks; returns the result (idempotent)."""
+        global _current
+        from gpumagic.monitor.result import WatchResult
+
+        with _current_lock:
+            if self._result is not None:
+                return self._result
+            self._stopping.set()
+            self._wake.set()
+            thread, self._thread = self._thread, None
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout=_JOIN_TIMEOUT_S)
+            if thread is not None and not thread.is_alive():
+                # A last sample: the state at the stop, and the closing sample of a cell
+                # that ended just before it (the thread may not have got to it).
+                self.sample_now()
+            self.marks.detach()
+            self.stopped_at = time.time()
+            self.marks.close_all(self.stopped_at)
+            if self._log is not None:
+                self._log.close()
+            self._result = WatchResult(self.snapshot(all_cells=True))
+            if _current is self:
+                _current = None
+            view, self._view = self._view, None
+        if view is not None:
+            try:
+                view.finish(self._result)  # the live slot becomes the static summary
+            except Exception:  # front end gone (kernel shutting down)
+                pass
+        return self._result
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        return self._thread
+
+    @property
+    def seq(self) -> int:
+        """Samples ever taken into the ring: changes exactly when there is something new to draw."""
+        return self._ring.pushed
+
+    @property
+    def log_path(self) -> str | None:
+        return str(self._log.path) if self._log is not None else None
+
+    def attach(self, shell: Any) -> None:
+        """Record cell marks from ``shell`` (replaces any shell attached before)."""
+        self.marks.attach(shell)
+
+    def detach(self) -> None:
+        self.marks.detach()
+
+    def start_view(self, delay: float = 0.0) -> LiveView:
+        """Show the live chart in the current output (a ``LiveView``); ``stop()`` freezes it
+        into the static summary. In a terminal the view is off and this does nothing visible."""
+        from gpumagic.render.live import LiveView
+        from gpumagic.render.watch import render_live
+
+        if self._view is not None:
+            self._view.finish()
+        # A widget update is a comm message to the browser: more often than every 0.5 s is
+        # noise for the eye and load for the front end, even when sampling faster.
+        view = LiveView(
+            lambda: render_live(self),
+            delay=delay,
+            interval=max(self.interval, 0.5),
+            name="gpumagic-watch-view",
+        )
+        self._view = view
+        view.start()
+        view.refresh()  # first frame now, not one interval later
+        return view
+
+    # -- reading -------------------------------------------------------------------------
+    def snapshot(self, all_cells: bool = False) -> Snapshot:
+        """A consistent copy of the window; cells of the window only unless ``all_cells``."""
+        last = self._ring.last()
+        now = last[0] if last is not None else time.time()
+        times, values = self._ring.since(now - self.window)
+        with self._state_lock:
+            alerts = list(self._alerts)
+            seen = list(self._alerts_seen.values())
+        return Snapshot(
+            devices=self.devices,
+            times=times,
+            values=values,
+            cells=self.marks.records(None if all_cells else now - self.window),
+            alerts=alerts,
+            alerts_seen=seen,
+            reason=self.reason,
+            notes=self.notes(),
+            interval=self.interval,
+            window=self.window,
+            started=self.started,
+            now=now,
+            running=self.running,
+            log_path=self.log_path,
+            samples_taken=self.samples_taken,
+            sample_cpu_s=self.sample_cpu_s,
+            seq=self._ring.pushed,
+        )
+
+    def status(self) -> WatchStatus:
+        """Current values of every device, active alerts and notes."""
+        from gpumagic.monitor.result import WatchStatus
+
+        if self._ring.last() is None:
+            self.sample_now()
+        return WatchStatus(self.snapshot())
+
+    def result(self) -> WatchResult:
+        """The summary so far, without stopping (``stop()`` returns the final one)."""
+        from gpumagic.monitor.result import WatchResult
+
+        return (
+            self._result if self._result is not None else WatchResult(self.snapshot(all_cells=True))
+        )
+
+    def notes(self) -> list[str]:
+        """Why some values are missing: unsupported metrics, lost GPUs, log or host errors."""
+        out = list(self._notes)
+        for reader in self._gpu_readers:
+            out.extend(reader.notes())
+        if self._process_note:
+            out.append(self._process_note)
+        if self._host.error:
+            out.append(self._host.error)
+        if self._log is not None and self._log.error:
+            out.append(self._log.error)
+        if self.last_error:
+            out.append(f"sampling error ({self.sample_errors} so far): {self.last_error}")
+        return out
+
+    @property
+    def sample_cpu_mean_s(self) -> float:
+        """Mean thread CPU seconds one sample costs (NaN before the first)."""
+        return self.sample_cpu_s / self.samples_taken if self.samples_taken else math.nan
+
+    # -- sampling ------------------------------------------------------------------------
+    def sample_now(self) -> None:
+        """Take one sample on the calling thread (also what the thread does every interval)."""
+        with self._sample_lock:
+            cpu0 = time.thread_time()
+            try:
+                self._sample()
+            except Exception as exc:  # never into the user's cells; shown in the notes
+                self.sample_errors += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"
+            self.sample_cpu_s += time.thread_time() - cpu0
+            self.samples_taken += 1
+
+    def _sample(self) -> None:
+        t = time.time()
+        block = np.full((len(self.devices), M.N_METRICS), np.nan)
+        for row, reader in enumerate(self._gpu_readers):
+            reader.read(block[row])
+        if self._gpu_readers:
+            self._process_memory_check(block)
+        self._host.read(block[self._host_row])
+        self._ring.push(t, block)
+        if self._log is not None:
+            self._log.write(t, block)
+        self.marks.fold(t, block, self._gpu_rows, self._host_row)
+        self._update_alerts(t)
+
+    def _process_memory_check(self, block: np.ndarray) -> None:
+        # NVML reports host PIDs; inside a container's PID namespace os.getpid() matches none,
+        # and "0 bytes" would be a lie for a process that is using CUDA.
+        readers = [r for r in self._gpu_readers if r.process_checked]
+        if not readers or any(r.process_found for r in readers) or not cuda_in_use():
+            return
+        for row, reader in enumerate(self._gpu_readers):
+            if reader in readers:
+                block[row, M.PROC_MEM] = np.nan
+        if any(r.process_listed_any for r in readers):
+            self._process_note = (
+                "this process is not in NVML's process list (a container's PID namespace?): "
+                "its own GPU memory is unknown"
+            )
+
+    def _update_alerts(self, t: float) -> None:
+        span = math.ceil(LOW_UTIL_SPAN_S / self.interval) + 2
+        times, values = self._ring.tail(span)
+        alerts = compute_alerts(self.devices, times, values, self.marks.running(), cuda_in_use())
+        with self._state_lock:
+            self._alerts = alerts
+            for alert in alerts:
+                first = self._alerts_seen.get(alert.key)
+                if first is None:
+                    self._alerts_seen[alert.key] = (alert, t, 1)
+                else:
+                    self._alerts_seen[alert.key] = (first[0], t, first[2] + 1)
+
+    def _run(self) -> None:
+        next_due = time.monotonic() + self.interval
+        last = time.monotonic()
+        while not self._stopping.is_set():
+            delay = next_due - time.monotonic()
+            if delay > 0 and self._wake.wait(delay):
+                self._wake.clear()
+            if self._stopping.is_set():
+                break
+            # Woken by a cell end right after a sample: hold the minimum spacing.
+            gap = MIN_SPACING - (time.monotonic() - last)
+            if gap > 0 and self._stopping.wait(gap):
+                break
+            self.sample_now()
+            last = time.monotonic()
+            if last >= next_due:
+                next_due += self.interval
+                if next_due <= last:  # fell behind (suspended laptop, slow NVML): no burst
+                    next_due = last + self.interval
+
+    def __repr__(self) -> str:
+        state = (
+            "running"
+            if self.running
+            else ("stopped" if self._result is not None else "not started")
+        )
+        what = (
+            f"{len(self._gpu_readers)} GPU(s)"
+            if self._gpu_readers
+            else f"host only ({self.reason})"
+        )
+        log = f", log={self.log_path!r}" if self.log_path else ""
+        return f"<gpumagic Watcher {state}, every {self.interval:g} s, {what}{log}>"
+
+
+# -- the current watcher ---------------------------------------------------------------------
+_current: Watcher | None = None
+_current_lock = threading.RLock()
+_atexit_registered = False
+
+
+def _register_atexit() -> None:
+    # A script that never calls stop() would otherwise have the daemon thread killed
+    # mid-NVML-call at interpreter shutdown; stop_current closes the log cleanly.
+    global _atexit_registered
+    if not _atexit_registered:
+        atexit.register(stop_current)
+        _atexit_registered = True
+
+
+def _running_ipython() -> Any:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    return get_ipython()
+
+
+def watch(
+    interval: float = 1.0,
+    log: str | os.PathLike[str] | None = None,
+    gpus: int | str | Sequence[int] | None = None,
+    window: float = 300.0,
+    *,
+    cells: bool = True,
+    shell: Any = None,
+) -> Watcher:
+    """Start watching (replacing any running watcher) and return the started ``Watcher``.
+
+    ``interval``: seconds between samples (floor 0.1). ``log``: CSV path, one row per device
+    per sample. ``gpus``: CUDA indexes to watch (default every visible GPU). ``window``:
+    seconds of history kept in memory and drawn. Bad input raises ValueError before any
+    thread starts. ``stop()`` on the watcher returns a ``WatchResult``.
+    """
+    return Watcher(interval, log, gpus, window, cells=cells, shell=shell).start()
+
+
+def current() -> Watcher | None:
+    """The running watcher, if any."""
+    return _current
+
+
+def stop_current() -> WatchResult | None:
+    """Stop the running watcher, if any (for ``on_unload`` and kernel shutdown)."""
+    with _current_lock:
+        watcher = _current
+    return watcher.stop() if watcher is not None else None

@@ -1,0 +1,170 @@
+"""The real NVML path; skipped without a CUDA GPU and a working NVIDIA driver."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from watch_helpers import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+GIB = 1024**3
+
+
+def _nvml_and_cuda() -> bool:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return False
+        import pynvml
+
+        pynvml.nvmlInit()
+        return int(pynvml.nvmlDeviceGetCount()) > 0
+    except Exception:
+        return False
+
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not _nvml_and_cuda(), reason="needs a CUDA GPU and NVML"),
+]
+
+
+@pytest.fixture(autouse=True)
+def plain_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+def test_real_samples() -> None:
+    import torch
+
+    from gpumagic.monitor import watch
+
+    w = watch(interval=0.1, cells=False)
+    assert w.reason is None
+    assert wait_for(lambda: w.samples_taken >= 5, 5.0)
+    result = w.stop()
+    gpus = result.samples[result.samples["device"] != "host"]
+    assert len(gpus) >= 5 * torch.cuda.device_count()
+    first = gpus[gpus["cuda_index"] == 0]
+    assert (first["name"] == torch.cuda.get_device_name(0)).all()
+    total = torch.cuda.get_device_properties(0).total_memory
+    assert first["memory_total"].iloc[-1] == pytest.approx(total, rel=0.05)
+    assert first["utilization_gpu"].between(0, 100).all()
+    assert first["memory_used"].gt(0).all()
+    assert first["temperature"].between(1, 120).all()
+    assert first["clock_sm"].gt(0).all() and first["clock_mem"].gt(0).all()
+    assert first["power_limit"].gt(0).all() and first["power_draw"].gt(0).all()
+    assert first["throttle_reasons"].notna().all()
+    host = result.samples[result.samples["device"] == "host"]
+    assert host["host_memory_total"].gt(0).all()  # the host is sampled alongside the GPUs
+
+
+def test_kernels_own_memory_after_a_cuda_tensor() -> None:
+    import torch
+
+    from gpumagic.monitor import Watcher
+
+    x = torch.empty(GIB, dtype=torch.uint8, device="cuda:0")
+    torch.cuda.synchronize()
+    w = Watcher(cells=False)
+    w.sample_now()
+    entry = w.status()["cuda:0"]
+    assert entry["memory_used"] >= GIB
+    own = entry["process_memory_used"]
+    if math.isnan(own):
+        # Inside a container's PID namespace NVML cannot match us; the note must say so.
+        assert any("PID namespace" in n for n in w.notes())
+    else:
+        assert own >= GIB  # the tensor, plus the CUDA context
+    del x
+
+
+def test_torch_uuids_match_nvml() -> None:
+    import torch
+
+    from gpumagic.monitor.devices import map_from_torch, torch_visible_uuids
+    from gpumagic.monitor.nvml import nvml_state
+
+    torch.zeros(1, device="cuda:0")  # CUDA initialised: torch's order is authoritative
+    uuids = torch_visible_uuids()
+    assert uuids is not None and len(uuids) == torch.cuda.device_count()
+    order = map_from_torch(uuids, [g.uuid for g in nvml_state().gpus])
+    assert order is not None and len(order) == len(uuids)
+
+
+def _devices_in_subprocess(env_value: str | None) -> dict[str, Any]:
+    code = (
+        "import json; from gpumagic.monitor import Watcher\n"
+        "w = Watcher(cells=False)\n"
+        "print(json.dumps({'reason': w.reason, 'notes': w.notes(), 'gpus': "
+        "[[d.cuda_index, d.nvml_index, d.uuid] for d in w.devices if d.kind == 'gpu']}))"
+    )
+    env = dict(os.environ)
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    if env_value is not None:
+        env["CUDA_VISIBLE_DEVICES"] = env_value
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_cuda_visible_devices_mapping() -> None:
+    from gpumagic.monitor.nvml import nvml_state
+
+    gpus = nvml_state().gpus
+    last = gpus[-1]
+    by_index = _devices_in_subprocess(str(last.nvml_index))
+    assert by_index["gpus"] == [[0, last.nvml_index, last.uuid]]
+    assert last.uuid is not None
+    by_uuid = _devices_in_subprocess(last.uuid[:12])  # CUDA accepts a unique UUID prefix
+    assert by_uuid["gpus"] == [[0, last.nvml_index, last.uuid]]
+    stops = _devices_in_subprocess(f"{last.nvml_index},99")
+    assert stops["gpus"] == [[0, last.nvml_index, last.uuid]] and any(
+        "'99'" in n for n in stops["notes"]
+    )
+    hidden = _devices_in_subprocess("")
+    assert hidden["gpus"] == [] and "hides every GPU" in hidden["reason"]
+
+
+def test_busy_cell_shows_high_utilization(wshell: Any) -> None:
+    import torch
+
+    from gpumagic.monitor import watch
+
+    wshell.user_ns["torch"] = torch
+    w = watch(interval=0.1, shell=wshell)
+    wshell.run_cell(
+        "a = torch.randn(8192, 8192, device='cuda:0')\n"
+        "import time\nt0 = time.perf_counter()\n"
+        "while time.perf_counter() - t0 < 1.5:\n"
+        "    b = a @ a\n"
+        "    torch.cuda.synchronize()\n",
+        store_history=True,
+    )
+    time.sleep(0.2)
+    result = w.stop()
+    cell = result.cells.iloc[-1]
+    assert cell["samples"] >= 5
+    assert cell["peak_utilization"] >= 50
+    assert cell["peak_memory"] >= 256 * 1024**2  # two 256 MiB matrices
+    html = result._repr_mimebundle_()["text/html"]
+    assert html.count("<svg") == 4 * torch.cuda.device_count() + 2
+    wshell.user_ns.pop("a", None)
+    wshell.user_ns.pop("b", None)
+    torch.cuda.empty_cache()

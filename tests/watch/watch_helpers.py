@@ -1,0 +1,20 @@
+"""Helpers shared by the watcher tests (a module, so tests can import it by name)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+
+def watch_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "gpumagic-watch" and t.is_alive()]
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
