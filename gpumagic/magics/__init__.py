@@ -16,13 +16,14 @@ from typing import Any
 MAGIC_CLASSES: list[tuple[str, str]] = [
     ("gpumagic.magics.memtrace", "MemtraceMagics"),
     ("gpumagic.magics.profile", "ProfileMagics"),
+    ("gpumagic.magics.watch", "WatchMagics"),
 ]
 
-_cleanups: list[Callable[[], None]] = []
+_cleanups: list[Callable[[], object]] = []
 _registered: dict[int, list[tuple[str, str]]] = {}
 
 
-def on_unload(fn: Callable[[], None]) -> None:
+def on_unload(fn: Callable[[], object]) -> None:
     """Run ``fn`` when the extension is unloaded (stop threads, unregister events)."""
     _cleanups.append(fn)
 

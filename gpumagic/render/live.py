@@ -16,6 +16,7 @@ nothing live (printing a frame a second would bury the cell's own output).
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +37,8 @@ def detect_mode() -> str:
     shell = get_ipython()
     if shell is None or getattr(shell, "kernel", None) is None:
         return "off"  # terminal IPython or a plain InteractiveShell: no rich front end
+    if "google.colab" in sys.modules:
+        return "display"  # Colab's widget manager drops updates sent from other threads
     try:
         import ipywidgets  # noqa: F401
     except ImportError:

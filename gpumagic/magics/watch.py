@@ -1,0 +1,96 @@
+"""``%gpuwatch``: IPython glue over :mod:`gpumagic.monitor`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from IPython.core.magic import Magics, line_magic, magics_class
+
+from gpumagic.magics.args import MagicParser
+from gpumagic.render.html import Rendered, escape, wrap
+
+PARSER = MagicParser(
+    "%gpuwatch",
+    description="Live inline chart of GPU utilisation, memory, temperature and power (host CPU/RAM without a GPU).",
+)
+PARSER.add_argument("action", nargs="?", default="start", choices=["start", "stop", "status"])
+PARSER.add_argument(
+    "-i",
+    "--interval",
+    type=float,
+    default=1.0,
+    metavar="SECONDS",
+    help="seconds between samples (floor 0.1)",
+)
+PARSER.add_argument(
+    "--log", metavar="FILE.csv", help="append every sample to this CSV (nvidia-smi column names)"
+)
+PARSER.add_argument("--gpus", metavar="0,1", help="CUDA indexes to watch (default: all visible)")
+PARSER.add_argument(
+    "--window", type=float, default=300.0, metavar="SECONDS", help="history kept and drawn"
+)
+PARSER.add_argument("-o", "--output", metavar="VAR", help="stop: also store the result in VAR")
+
+
+class _Note(Rendered):
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def _text(self) -> str:
+        return self.text
+
+    def _html(self) -> str:
+        return wrap("watch-note", f'<div class="gm-note">{escape(self.text)}</div>')
+
+
+@magics_class
+class WatchMagics(Magics):
+    def __init__(self, shell: Any) -> None:
+        super().__init__(shell)
+        from gpumagic.magics import on_unload
+        from gpumagic.monitor import stop_current
+
+        # %unload_ext stops the sampler thread and unregisters the cell events
+        on_unload(stop_current)
+
+    @line_magic
+    def gpuwatch(self, line: str) -> None:
+        """Watch the GPUs while you work: a live chart that keeps updating while other cells run.
+
+        %gpuwatch [start] [-i SECONDS] [--log FILE.csv] [--gpus 0,1] [--window SECONDS]
+        %gpuwatch status      current values and alerts
+        %gpuwatch stop [-o VAR]  a static summary, per-cell peaks and the CSV path
+
+        The result of stop (``_gpuwatch``) has ``.samples`` (one row per device per
+        sample) and ``.cells`` (peak utilisation, peak memory and duration per cell).
+        Without NVML or an NVIDIA GPU it watches host CPU and RAM and says why.
+        ``gpumagic.watch(...)`` starts the same watcher from a script.
+        """
+        from IPython.display import display
+
+        from gpumagic.monitor import current, watch
+
+        opts = PARSER.parse_line(line)
+        if opts.action == "start":
+            try:
+                watcher = watch(opts.interval, opts.log, opts.gpus, opts.window, shell=self.shell)
+            except ValueError as exc:
+                raise PARSER.usage_error(str(exc)) from None
+            watcher.start_view()
+            return None
+        running = current()
+        if running is None:
+            display(_Note("%gpuwatch: nothing is being watched; start with %gpuwatch"))
+            return None
+        if opts.action == "status":
+            display(running.status())
+            return None
+        if opts.output is not None and not opts.output.isidentifier():
+            raise PARSER.usage_error(f"-o {opts.output!r}: not a valid variable name")
+        result = running.stop()
+        ns = self.shell.user_ns  # type: ignore[union-attr]
+        ns["_gpuwatch"] = result
+        if opts.output:
+            ns[opts.output] = result
+        display(result)
+        return None
