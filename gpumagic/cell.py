@@ -207,11 +207,12 @@ def _split_result(body: list[ast.stmt], interactivity: str) -> ast.expr | None:
     return None
 
 
-def _cell_number(shell: Any) -> int:
-    """The ``In[n]`` number of the cell running the magic, for tracebacks' "Cell In[n]".
+def running_cell_number(shell: Any) -> int | None:
+    """The ``In[n]`` number of the cell running now, read off the calling cell's code name
+    (where IPython keeps it); None outside a cell (a script, a thread).
 
-    IPython 9 increments ``execution_count`` before the cell runs (8.x after), so the
-    number is read off the calling cell's own code name instead, where IPython keeps it.
+    ``shell.execution_count`` cannot say: IPython 9 increments it before a cell runs,
+    8.x after.
     """
     names = getattr(shell.compile, "_filename_map", {})
     frame: FrameType | None = sys._getframe(1)
@@ -220,7 +221,13 @@ def _cell_number(shell: Any) -> int:
         if number is not None:
             return int(number)
         frame = frame.f_back
-    return int(getattr(shell, "execution_count", 0))
+    return None
+
+
+def _cell_number(shell: Any) -> int:
+    """The number tracebacks show as "Cell In[n]" for the magic's cell."""
+    number = running_cell_number(shell)
+    return number if number is not None else int(getattr(shell, "execution_count", 0))
 
 
 class _Instrumenter:

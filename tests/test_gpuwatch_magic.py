@@ -83,3 +83,10 @@ def test_unload_stops_the_sampler(ip, run):
     time.sleep(0.05)
     assert sampler_threads() == []
     run("%load_ext gpumagic")
+
+
+def test_a_running_cell_is_marked_with_its_own_number(ip, run):
+    run("%gpuwatch -i 0.1")
+    r = run("import gpumagic.monitor as gm_monitor\nrunning_now = gm_monitor.current().marks.records()[-1].execution_count")
+    assert r.result.success, r.stdout
+    assert ip.user_ns["running_now"] == r.result.execution_count

@@ -118,6 +118,14 @@ class CellMarks:
         if self._shell is shell:
             return
         self.detach()
+        if self._count_offset is None:
+            # Started from inside a cell (the magic): that cell's own number against the
+            # shell's counter gives the offset before any cell has ended.
+            from gpumagic.cell import running_cell_number
+
+            number = running_cell_number(shell)
+            if number is not None:
+                self._count_offset = number - int(shell.execution_count)
         shell.events.register("pre_run_cell", self._pre_run_cell)
         shell.events.register("post_run_cell", self._post_run_cell)
         self._shell = shell

@@ -232,8 +232,10 @@ class Watcher:
                 _current = None
             view, self._view = self._view, None
         if view is not None:
+            from gpumagic.render.watch import StoppedNote
+
             try:
-                view.finish(self._result)  # the live slot becomes the static summary
+                view.finish(StoppedNote(self._result, self.started, self.stopped_at))
             except Exception:  # front end gone (kernel shutting down)
                 pass
         return self._result

@@ -20,7 +20,7 @@ import numpy as np
 from gpumagic.monitor import metrics as M
 from gpumagic.monitor.alerts import cell_note
 from gpumagic.monitor.result import device_values
-from gpumagic.render.html import PALETTE, escape, kv, table, text_table, wrap
+from gpumagic.render.html import PALETTE, Rendered, escape, kv, table, text_table, wrap
 from gpumagic.render.svg import Band, Chart, Series, render_small_multiples
 from gpumagic.units import fmt_bytes, fmt_percent, fmt_us
 
@@ -126,8 +126,12 @@ def _charts(snap: Snapshot, live: bool) -> list[list[Chart]]:
     """One list of charts per device row (GPUs first, then the host)."""
     if live:
         origin = snap.now
-        x_lo, x_hi = -snap.window, 0.0
-        caption = f"last {fmt_seconds(snap.window)}"
+        # The axis grows with the data until it spans the window: a fresh watcher's first
+        # seconds would otherwise be a sliver at the right edge of a 5-minute axis.
+        seen = snap.now - float(snap.times[0]) if len(snap.times) else 0.0
+        span = min(snap.window, max(seen, 10 * snap.interval, 5.0))
+        x_lo, x_hi = -span, 0.0
+        caption = f"last {fmt_seconds(span)}"
     else:
         origin = float(snap.times[0]) if len(snap.times) else snap.now
         x_lo = 0.0
@@ -535,3 +539,23 @@ def render_time(watcher: Watcher, repeat: int = 20) -> float:
     for _ in range(repeat):
         live_html(watcher.snapshot())
     return (time.perf_counter() - t0) / repeat
+
+
+class StoppedNote(Rendered):
+    """What the live slot shows once the watcher stops: one line, the summary being in the
+    cell that stopped it (a second copy of the charts here would only repeat them)."""
+
+    def __init__(self, result: WatchResult, started: float, stopped: float) -> None:
+        self.started, self.stopped = started, stopped
+        self.log = result.log
+
+    def _line(self) -> str:
+        span = fmt_seconds(max(self.stopped - self.started, 0.0))
+        line = f"gpuwatch stopped at {_clock(self.stopped)} after {span}; the summary is where it was stopped"
+        return line + (f"; CSV log: {self.log}" if self.log else "")
+
+    def _text(self) -> str:
+        return self._line()
+
+    def _html(self) -> str:
+        return wrap("watch-stopped", f'<div class="gm-note">{escape(self._line())}</div>')
