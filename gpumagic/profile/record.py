@@ -20,6 +20,7 @@ import shutil
 import tempfile
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,9 +98,12 @@ class Recorder:
         self.cuda = bool(torch.cuda.is_available())
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
         if opts.scheduled:
-            plan = schedule(
-                wait=opts.wait or 0, warmup=opts.warmup or 0, active=opts.active or 1, repeat=1
-            )
+            with warnings.catch_warnings():
+                # torch warns when warmup is 0; the user chose the schedule
+                warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
+                plan = schedule(
+                    wait=opts.wait or 0, warmup=opts.warmup or 0, active=opts.active or 1, repeat=1
+                )
         else:
 
             def plan(step: int) -> ProfilerAction:  # record everything, with step spans

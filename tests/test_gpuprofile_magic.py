@@ -1,0 +1,176 @@
+"""%%gpuprofile through a real IPython shell on the CPU: findings, steps, errors, compare, load."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+LOADER_SETUP = """\
+import time, torch, gpumagic
+from torch.utils.data import DataLoader, Dataset
+
+class SlowData(Dataset):
+    # a slow __getitem__ (I/O-like: it sleeps, so worker processes overlap it even on 2 cores)
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        time.sleep(0.002)
+        return torch.randn(3, 32, 32), i % 10
+
+torch.manual_seed(0)
+# ~15 ms a step on this machine: as long as loading a batch takes one worker, so two
+# workers keep up and one process cannot
+model = torch.nn.Sequential(
+    torch.nn.Conv2d(3, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(64, 64, 3, padding=1),
+    torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(64 * 32 * 32, 10),
+)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+"""
+
+TRAIN = """\
+for x, y in loader:
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    gpumagic.step()
+"""
+
+
+@pytest.fixture
+def setup(ip, run):
+    r = run(LOADER_SETUP)
+    assert r.result.success, r.stdout
+
+
+def test_single_process_dataloader_is_diagnosed_and_workers_fix_it(ip, run, setup):
+    r = run("%%gpuprofile -n slow -q\nloader = DataLoader(SlowData(), batch_size=8, num_workers=0)\n" + TRAIN)
+    assert r.result.success, r.stdout
+    slow = ip.user_ns["_gpuprofile"]
+    assert slow.summary["steps"] == 8  # 64 / 8 batches, each closed by gpumagic.step()
+    assert slow.summary["steps_from"] == "ProfilerStep"
+    rules = {f.rule: f for f in slow.findings}
+    assert "dataloader" in rules
+    assert "num_workers=0" in rules["dataloader"].message
+    slow_share = slow.breakdown.loc["DataLoader", "percent"]
+    assert slow_share > 25
+    assert abs(slow.breakdown["percent"].sum() - 100) < 0.01
+
+    r = run(
+        "%%gpuprofile -n fast -q\n"
+        "loader = DataLoader(SlowData(), batch_size=8, num_workers=2, persistent_workers=True)\n"
+        "next(iter(loader))\n"  # start the workers before the steps we compare
+        + TRAIN
+    )
+    assert r.result.success, r.stdout
+    fast = ip.user_ns["_gpuprofile"]
+    fast_share = fast.breakdown.loc["DataLoader", "percent"]
+    print(f"DataLoader share: num_workers=0 {slow_share:.1f}%, num_workers=2 {fast_share:.1f}%")
+    assert fast_share < slow_share / 2
+
+    r = run("%gpuprofile --compare slow fast")
+    assert r.result.success, r.stdout
+    html = r.html()
+    assert "DataLoader" in html and "gpumagic" in html
+    comparison = ip.user_ns["_gpuprofile_compare"]
+    assert "DataLoader" in comparison.headline
+
+
+def test_cell_without_step_marks_is_one_step_and_keeps_its_value(ip, run):
+    r = run("%%gpuprofile -q\nimport torch\na = torch.randn(64, 64)\nb = a @ a\nb.shape[0] * 2\n")
+    assert r.result.success, r.stdout
+    assert r.result.result == 128  # the cell's value, as without the magic
+    assert ip.user_ns["b"].shape == (64, 64)
+    p = ip.user_ns["_gpuprofile"]
+    assert p.summary["steps"] == 1 and p.summary["steps_from"] == "trace"
+    assert p.summary["cpu_only"] is True
+    assert "aten::mm" in set(p.ops["name"])
+
+
+def test_dataloader_batches_are_steps_without_marks(ip, run, setup):
+    r = run(
+        "%%gpuprofile -q\nloader = DataLoader(SlowData(), batch_size=16, num_workers=0)\n"
+        "for x, y in loader:\n    model(x).sum().backward()\n"
+    )
+    assert r.result.success, r.stdout
+    p = ip.user_ns["_gpuprofile"]
+    assert p.summary["steps_from"] == "DataLoader"
+    assert p.summary["steps"] >= 4
+
+
+def test_exception_shows_partial_profile_stops_profiler_and_propagates_once(ip, run):
+    r = run("%%gpuprofile\nimport torch\nx = torch.randn(32, 32) @ torch.randn(32, 32)\nraise ValueError('halfway')\n")
+    assert isinstance(r.result.error_in_exec, ValueError)
+    assert r.plain_stdout.count("ValueError: halfway") == 1
+    assert "ValueError: halfway" in r.html()  # the note on top of the partial profile
+    assert ip.user_ns["x"].shape == (32, 32)
+    assert "aten::mm" in set(ip.user_ns["_gpuprofile"].ops["name"])
+    assert not torch.autograd.profiler._is_profiler_enabled
+    from gpumagic.profile.record import current
+
+    assert current() is None
+    r = run("%%gpuprofile -q\ny = 1\n")  # the next profile starts fine
+    assert r.result.success
+
+
+def test_schedule_trace_export_and_load(ip, run, tmp_path):
+    out = tmp_path / "cell.json.gz"
+    r = run(
+        f"%%gpuprofile -q --wait 1 --warmup 1 --active 2 --trace {out}\n"
+        "import torch, gpumagic\n"
+        "for i in range(6):\n    torch.randn(64, 64) @ torch.randn(64, 64)\n    gpumagic.step()\n"
+    )
+    assert r.result.success, r.stdout
+    p = ip.user_ns["_gpuprofile"]
+    assert p.summary["steps"] == 2
+    events = json.loads(gzip.decompress(out.read_bytes()))["traceEvents"]
+    assert any(e.get("name", "").startswith("ProfilerStep") for e in events)
+    r = run(f"%gpuprofile --load {out} -o loaded")
+    assert r.result.success, r.stdout
+    assert ip.user_ns["loaded"].summary["steps"] == 2
+    assert "gpumagic" in r.html()
+
+
+def test_schedule_that_never_records_says_why(ip, run):
+    r = run("%%gpuprofile --wait 5 --active 1\nimport gpumagic\ngpumagic.step()\n")
+    assert r.result.success
+    assert "needs at least 6 gpumagic.step() calls" in r.bundles[0]["text/plain"]
+
+
+def test_step_outside_a_profile_is_a_no_op():
+    import gpumagic
+
+    assert gpumagic.step() is None
+
+
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ("%gpuprofile --compare nope nada", "no run named 'nope'"),
+        ("%gpuprofile", "give --compare A B or --load PATH"),
+        ("%gpuprofile --load /nonexistent/trace.json", "/nonexistent/trace.json"),
+        ("%gpuprofile --rows 0 --load x", "--rows must be at least 1"),
+        ("%%gpuprofile --bogus\nx = 1\n", "unrecognized arguments"),
+        ("%%gpuprofile --load x\nx = 1\n", "line magics"),
+    ],
+)
+def test_bad_input_is_a_usage_error(run, line, expected):
+    from IPython.core.error import UsageError
+
+    r = run(line)
+    assert isinstance(r.result.error_in_exec, UsageError), r.stdout
+    assert expected in str(r.result.error_in_exec)
+
+
+def test_load_bad_trace_names_the_file(run, tmp_path):
+    from IPython.core.error import UsageError
+
+    bad = tmp_path / "broken.json"
+    bad.write_text('{"traceEvents": [')
+    r = run(f"%gpuprofile --load {bad}")
+    assert isinstance(r.result.error_in_exec, UsageError)
+    assert str(bad) in str(r.result.error_in_exec)
