@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 OUT ?= out
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast bench lint clean
+.PHONY: setup lab notebooks demo test test-fast bench lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,17 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 
 setup: $(VENV)/.installed
 
-## main job: run a forward/backward cell under %%memtrace, write the HTML report, print the text form
+## main job: the tutorials in JupyterLab (http://127.0.0.1:8888, token printed below)
+lab: setup
+	$(BIN)/jupyter lab --ip 127.0.0.1 --no-browser notebooks/
+
+## execute every tutorial notebook headless and write HTML copies to $(OUT)/notebooks
+notebooks: setup
+	mkdir -p $(OUT)/notebooks
+	cd notebooks && ../$(BIN)/jupyter nbconvert --to html --execute --ExecutePreprocessor.timeout=900 \
+		--output-dir ../$(OUT)/notebooks [0-9][0-9]_*.ipynb
+
+## headless demo: run a forward/backward cell under %%memtrace, write the HTML report, print the text form
 demo: setup
 	$(BIN)/python -m gpumagic demo --out $(OUT)
 
