@@ -52,3 +52,21 @@ def test_error_cell_in_a_kernel_fails_once_with_the_report(monkeypatch):
     assert len(errors) == 1 and errors[0]["ename"] == "ZeroDivisionError"
     assert "failed at line 3" in html_of(failing)
     assert nb.cells[2].outputs[0]["text"].strip() == "still alive"
+
+
+def test_gpuprofile_live_line_then_report_in_a_kernel(monkeypatch):
+    nb = execute(
+        [
+            "%load_ext gpumagic",
+            "%%gpuprofile\nimport time, torch, gpumagic\nfor i in range(5):\n"
+            "    time.sleep(0.5)\n    torch.randn(64, 64) @ torch.randn(64, 64)\n    gpumagic.step()\n",
+            "print(get_ipython().magics_manager.registry['ProfileMagics'].last_live_frames)",
+        ],
+        monkeypatch,
+    )
+    profiled, frames = nb.cells[1], nb.cells[2]
+    assert "error" not in [o.output_type for o in profiled.outputs], profiled.outputs
+    html = html_of(profiled)
+    assert 'class="gpumagic gpumagic-profile' in html
+    assert "gpumagic-profile-live" not in html
+    assert int(frames.outputs[0]["text"].strip()) >= 1

@@ -76,6 +76,7 @@ class ProfileMagics(Magics):
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
         self.runs: dict[str, Any] = {}  # -n NAME -> result, for --compare
+        self.last_live_frames = 0  # frames the live line pushed during the last profiled cell
 
     @no_var_expand
     @output_can_be_silenced
@@ -218,6 +219,7 @@ class ProfileMagics(Magics):
                 shown = _Note(f"%%gpuprofile: {record_error}")
         if live is not None and live.mode != "off":
             live.finish(shown)
+            self.last_live_frames = live.pushes
         elif shown is not None:
             from IPython.display import display
 
