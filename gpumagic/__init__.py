@@ -20,7 +20,7 @@ _LAZY = {
     "compare": ("gpumagic.profile.compare", "compare"),
     "step": ("gpumagic.profile.record", "step"),
     "watch": ("gpumagic.monitor", "watch"),
-    "env": ("gpumagic.env", "env"),
+    "env": ("gpumagic.environment", "env"),
 }
 
 __all__ = ["__version__", "load_ipython_extension", "unload_ipython_extension", *_LAZY]

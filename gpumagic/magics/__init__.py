@@ -17,6 +17,7 @@ MAGIC_CLASSES: list[tuple[str, str]] = [
     ("gpumagic.magics.memtrace", "MemtraceMagics"),
     ("gpumagic.magics.profile", "ProfileMagics"),
     ("gpumagic.magics.watch", "WatchMagics"),
+    ("gpumagic.magics.env", "EnvMagics"),
 ]
 
 _cleanups: list[Callable[[], object]] = []

@@ -1,0 +1,59 @@
+"""``%gpuenv``: IPython glue over :mod:`gpumagic.env`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+
+from gpumagic.magics.args import MagicParser
+
+PARSER = MagicParser(
+    "%gpuenv",
+    description="Show GPUs, driver, CUDA/cuDNN/NCCL, torch build and flags, CPUs and the traps among them.",
+)
+PARSER.add_argument(
+    "--freeze",
+    metavar="FILE",
+    help="also pin every installed package: FILE.txt -> requirements.txt, FILE.yml/.yaml -> conda environment.yml",
+)
+
+
+@magics_class
+class EnvMagics(Magics):
+    @line_magic
+    def gpuenv(self, line: str = "") -> None:
+        """The GPU environment of this kernel, with known traps flagged.
+
+        %gpuenv [--freeze FILE]
+
+        Shows GPU names and memory, the NVIDIA driver, the CUDA runtime torch was built with,
+        cuDNN, NCCL, key package versions, the determinism/TF32 flags, CUDA_VISIBLE_DEVICES and
+        allocator settings, usable CPUs and a suggested DataLoader num_workers. The report is
+        stored as ``_gpuenv``; ``gpumagic.env()`` returns the same report from a script.
+        --freeze writes every installed distribution pinned (the extension picks the format).
+        """
+        from gpumagic.environment import FreezeError, env
+        from gpumagic.environment.freeze import freeze, freeze_format
+
+        opts = PARSER.parse_line(line)
+        if opts.freeze is not None:
+            try:  # before the slow part: a wrong extension is a typo worth failing fast on
+                freeze_format(opts.freeze)
+            except FreezeError as exc:
+                raise PARSER.usage_error(str(exc)) from None
+        report = env()
+        written = None
+        if opts.freeze is not None:
+            try:
+                written = freeze(opts.freeze, report)
+            except FreezeError as exc:
+                raise UsageError(f"%gpuenv --freeze: {exc}") from None
+        shell: Any = self.shell
+        shell.user_ns["_gpuenv"] = report
+        from IPython.display import display
+
+        display(report)
+        if written is not None:
+            display(written)
