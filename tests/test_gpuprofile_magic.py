@@ -22,21 +22,20 @@ class SlowData(Dataset):
         return torch.randn(3, 32, 32), i % 10
 
 torch.manual_seed(0)
-# ~15 ms a step on this machine: as long as loading a batch takes one worker, so two
-# workers keep up and one process cannot
-model = torch.nn.Sequential(
-    torch.nn.Conv2d(3, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(64, 64, 3, padding=1),
-    torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(64 * 32 * 32, 10),
-)
+model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 """
 
+# Each step also waits 15 ms, standing in for the GPU's share of a real step: a fixed time
+# whatever the load on the test machine, so one process (16 ms of loading per batch) stalls
+# the step and two workers (a batch every 8 ms between them) keep up.
 TRAIN = """\
 for x, y in loader:
     loss = torch.nn.functional.cross_entropy(model(x), y)
     opt.zero_grad()
     loss.backward()
     opt.step()
+    time.sleep(0.015)
     gpumagic.step()
 """
 
@@ -174,3 +173,10 @@ def test_load_bad_trace_names_the_file(run, tmp_path):
     r = run(f"%gpuprofile --load {bad}")
     assert isinstance(r.result.error_in_exec, UsageError)
     assert str(bad) in str(r.result.error_in_exec)
+
+
+def test_options_expand_notebook_variables(ip, run):
+    ip.user_ns["ACTIVE"] = 2
+    r = run("%%gpuprofile -q --wait 0 --warmup 1 --active {ACTIVE}\nimport gpumagic\nfor i in range(4):\n    gpumagic.step()\n")
+    assert r.result.success, r.stdout
+    assert ip.user_ns["_gpuprofile"].summary["steps"] == 2

@@ -9,7 +9,6 @@ from IPython.core.magic import (
     Magics,
     line_cell_magic,
     magics_class,
-    no_var_expand,
     output_can_be_silenced,
 )
 
@@ -78,7 +77,8 @@ class ProfileMagics(Magics):
         self.runs: dict[str, Any] = {}  # -n NAME -> result, for --compare
         self.last_live_frames = 0  # frames the live line pushed during the last profiled cell
 
-    @no_var_expand
+    # No @no_var_expand: the line holds only options, and "--active {STEPS}" or "--trace
+    # $path" from a parameters cell is what a notebook wants.
     @output_can_be_silenced
     @line_cell_magic
     def gpuprofile(self, line: str, cell: str | None = None) -> Any:

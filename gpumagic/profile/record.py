@@ -95,6 +95,11 @@ class Recorder:
         from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 
         opts = self.options
+        # Kineto in recent torch prints "USDT: ... profiler_start/stop" lines on stderr at
+        # every start and stop, which ipykernel shows in red under every profiled cell. Its
+        # levels put those above errors, so only "off" (6) hides them; a KINETO_LOG_LEVEL the
+        # user set wins. Read once, when the process first starts the profiler.
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
         self.cuda = bool(torch.cuda.is_available())
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
         if opts.scheduled:

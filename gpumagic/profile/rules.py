@@ -151,9 +151,12 @@ def dataloader(c: Context) -> Finding | None:
             "    pin_memory=True, persistent_workers=True,\n"
             ")"
         )
+    # the breakdown counts DataLoader time only where no kernel runs; on a CPU-only run
+    # there is no GPU to speak of, only the training loop waiting for its batch
+    idle = "nothing running on the GPU" if c.has_gpu else "the training loop waiting for its batch"
     message = (
         f"The DataLoader takes {fmt_percent(pct)} of each step ({fmt_us(c.us['DataLoader'])}) with "
-        f"nothing running on the GPU: {why}."
+        f"{idle}: {why}."
     )
     return c.finding(
         "dataloader",
