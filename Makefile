@@ -23,7 +23,7 @@ setup: $(VENV)/.installed
 
 ## main job: the tutorials in JupyterLab (http://127.0.0.1:8888, token printed below)
 lab: setup
-	$(BIN)/jupyter lab --ip 127.0.0.1 --no-browser notebooks/
+	$(BIN)/jupyter lab --ip 127.0.0.1 --no-browser --allow-root notebooks/
 
 ## execute every tutorial notebook headless and write HTML copies to $(OUT)/notebooks
 notebooks: setup
