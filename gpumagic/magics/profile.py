@@ -13,7 +13,7 @@ from IPython.core.magic import (
 )
 
 from gpumagic.magics.args import MagicParser
-from gpumagic.render.html import Rendered, escape, wrap
+from gpumagic.render.html import Note, Rendered, escape, wrap
 
 PARSER = MagicParser(
     "%%gpuprofile",
@@ -216,7 +216,7 @@ class ProfileMagics(Magics):
             if result is not None:
                 shown = _Display(result, opts.rows, note)
             else:
-                shown = _Note(f"%%gpuprofile: {record_error}")
+                shown = Note(f"%%gpuprofile: {record_error}", "profile-note", box=True)
         if live is not None and live.mode != "off":
             live.finish(shown)
             self.last_live_frames = live.pushes
@@ -233,17 +233,6 @@ class ProfileMagics(Magics):
         ns["_gpuprofile" if kind == "profile" else "_gpuprofile_compare"] = result
         if opts.output:
             ns[opts.output] = result
-
-
-class _Note(Rendered):
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def _text(self) -> str:
-        return self.text
-
-    def _html(self) -> str:
-        return wrap("profile-note", f'<div class="gm-box">{escape(self.text)}</div>')
 
 
 def _live_line(recorder: Any) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 from IPython.core.magic import Magics, line_magic, magics_class
 
 from gpumagic.magics.args import MagicParser
-from gpumagic.render.html import Rendered, escape, wrap
+from gpumagic.render.html import Note
 
 PARSER = MagicParser(
     "%gpuwatch",
@@ -30,17 +30,6 @@ PARSER.add_argument(
     "--window", type=float, default=300.0, metavar="SECONDS", help="history kept and drawn"
 )
 PARSER.add_argument("-o", "--output", metavar="VAR", help="stop: also store the result in VAR")
-
-
-class _Note(Rendered):
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def _text(self) -> str:
-        return self.text
-
-    def _html(self) -> str:
-        return wrap("watch-note", f'<div class="gm-note">{escape(self.text)}</div>')
 
 
 @magics_class
@@ -80,7 +69,7 @@ class WatchMagics(Magics):
             return None
         running = current()
         if running is None:
-            display(_Note("%gpuwatch: nothing is being watched; start with %gpuwatch"))
+            display(Note("%gpuwatch: nothing is being watched; start with %gpuwatch", "watch-note"))
             return None
         if opts.action == "status":
             display(running.status())

@@ -145,3 +145,17 @@ class Rendered:
 
     def __repr__(self) -> str:
         return self._text()
+
+
+class Note(Rendered):
+    """A one-line message in the package's style (a box for warnings, plain for notes)."""
+
+    def __init__(self, text: str, kind: str = "note", box: bool = False) -> None:
+        self.text, self.kind, self.box = text, kind, box
+
+    def _text(self) -> str:
+        return self.text
+
+    def _html(self) -> str:
+        css = "gm-box" if self.box else "gm-note"
+        return wrap(self.kind, f'<div class="{css}">{escape(self.text)}</div>')
