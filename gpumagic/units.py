@@ -7,8 +7,9 @@ import math
 _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
-def fmt_bytes(n: float | int | None, signed: bool = False) -> str:
-    """``1536 -> '1.5 KiB'``; ``signed=True`` prefixes ``+`` on positive values (deltas)."""
+def fmt_bytes(n: float | int | None, signed: bool = False, digits: int | None = None) -> str:
+    """``1536 -> '1.5 KiB'``; ``signed=True`` prefixes ``+`` on positive values (deltas);
+    ``digits`` fixes the decimals (for two sizes that would otherwise print alike)."""
     if n is None or (isinstance(n, float) and math.isnan(n)):
         return "–"
     sign = ""
@@ -23,7 +24,8 @@ def fmt_bytes(n: float | int | None, signed: bool = False) -> str:
         unit += 1
     if unit == 0:
         return f"{sign}{int(value)} B"
-    digits = 0 if value >= 100 else 1
+    if digits is None:
+        digits = 0 if value >= 100 else 1
     return f"{sign}{value:.{digits}f} {_BYTE_UNITS[unit]}"
 
 

@@ -185,13 +185,13 @@ def test_host_out_of_memory_for_real(ip, run):
     assert r.result.success and ip.user_ns["ok"] == 4.0
 
 
-def test_oom_frames_do_not_keep_memory_alive(ip, run):
+def test_oom_frames_are_reported_then_released(ip, run):
     r = run(
         "%%memtrace -q\n"
         "import weakref\n"
         "refs = []\n"
         "def step():\n"
-        "    activations = torch.ones(2**22)\n"
+        "    activations = torch.ones(2**24)\n"  # 64 MiB held by the failing call's frame
         "    refs.append(weakref.ref(activations))\n"
         "    return torch.empty(2**45, dtype=torch.uint8)\n"
         "step()\n"
@@ -199,6 +199,40 @@ def test_oom_frames_do_not_keep_memory_alive(ip, run):
     assert isinstance(r.result.error_in_exec, RuntimeError)
     gc.collect()
     assert ip.user_ns["refs"][0]() is None, "the failed frame still holds its tensors"
+    t = ip.user_ns["_memtrace"]
+    held = {h.name: h for h in t.oom.holders}
+    assert held["step(): activations"].role == "in the failing call"
+    assert held["step(): activations"].nbytes == 64 * MiB
+    # the release is measured, and the cell's net change is read after it
+    assert t.oom.released is not None and t.oom.released >= 60 * MiB
+    assert t.net_change < 8 * MiB
+    assert any("failing call itself held" in a for a in t.oom.advice)
+
+
+def test_a_report_that_runs_out_of_memory_itself_still_releases_and_raises_once(ip, run, monkeypatch):
+    import gpumagic.memory.session as session
+
+    def exhausted(*args, **kwargs):
+        raise MemoryError("no room left to build the report")
+
+    monkeypatch.setattr(session, "named_tensors", exhausted)
+    r = run(
+        "%%memtrace\n"
+        "import weakref\n"
+        "refs = []\n"
+        "def step():\n"
+        "    activations = torch.ones(2**20)\n"
+        "    refs.append(weakref.ref(activations))\n"
+        "    return torch.empty(2**45, dtype=torch.uint8)\n"
+        "step()\n"
+    )
+    err = r.result.error_in_exec
+    assert isinstance(err, RuntimeError) and "can't allocate memory" in str(err)  # the cell's own error
+    assert r.plain_stdout.count("can't allocate memory") == 1
+    gc.collect()
+    assert ip.user_ns["refs"][0]() is None
+    t = ip.user_ns["_memtrace"]
+    assert t.oom is not None and t.oom.holders == [] and t.oom.requested == 2**45
 
 
 def test_other_errors_keep_frames_for_debugging(ip, run):

@@ -114,4 +114,15 @@ def test_host_report_with_an_address_space_cap():
     )
     assert report.requested == 8 * GiB
     assert report.free == GiB  # the cap, not the machine, is what is left
-    assert "RLIMIT_AS" in report.limit_note
+    assert report.limit_note == (
+        "the process's address space is capped at 6.0 GiB (RLIMIT_AS), 5.0 GiB of it in use"
+    )
+
+
+def test_request_and_free_that_print_alike_get_more_digits():
+    report = build_host_report(
+        MemoryError("Unable to allocate 32.0 MiB for an array"), rss=GiB, available=int(31.99 * MiB),
+        total=24 * GiB, holders=[],
+    )
+    text = oom_text(report)
+    assert "asked for 32.000 MiB; free 31.990 MiB" in text

@@ -43,8 +43,7 @@ class MemtraceMagics(Magics):
         """
         __tracebackhide__ = True
         from gpumagic.cell import execute, prepare
-        from gpumagic.memory.oom import is_oom
-        from gpumagic.memory.session import DeviceError, TraceSession, release_frames
+        from gpumagic.memory.session import DeviceError, TraceSession
         from gpumagic.render.live import LiveView
         from gpumagic.render.memtrace import memtrace_live_html
 
@@ -70,10 +69,9 @@ class MemtraceMagics(Magics):
         try:
             value = execute(shell, prepared, session.probe)
         except BaseException as exc:
-            result = session.finish(error=exc)
+            # after an OOM, finish() also releases the failed call's frames (see its docstring)
+            result = session.finish(error=exc, cell_filename=prepared.filename)
             self._show(result, opts, live)
-            if is_oom(exc):
-                release_frames(exc, prepared.filename)
             raise
         result = session.finish()
         self._show(result, opts, live)

@@ -127,6 +127,53 @@ def named_tensors(namespace: Mapping[str, Any], keep: Callable[[Any], bool]) -> 
                     yield h
 
 
+def frame_tensors(
+    error: BaseException, cell_filename: str, keep: Callable[[Any], bool], seen: set[int]
+) -> list[Holder]:
+    """Tensors held by the locals of the functions the failing cell called, named
+    ``Linear.forward(): input``: the activations in flight when memory ran out."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return []
+    out: list[Holder] = []
+    tb = error.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != cell_filename:
+        tb = tb.tb_next
+    if tb is not None:
+        tb = tb.tb_next  # the cell's own frame: its locals are the namespace, named already
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        where = getattr(code, "co_qualname", code.co_name)
+        for name, value in list(tb.tb_frame.f_locals.items()):
+            values = (
+                value
+                if isinstance(value, (list, tuple)) and len(value) <= _CONTAINER_MAX
+                else (value,)
+            )
+            for k, v in enumerate(values):
+                if not isinstance(v, torch.Tensor) or not keep(v):
+                    continue
+                ptr, nbytes = _storage_key(v)
+                if ptr in seen or nbytes == 0:
+                    continue
+                seen.add(ptr)
+                label = f"{where}(): {name}" + (f"[{k}]" if values is value else "")
+                dtype = str(v.dtype).replace("torch.", "")
+                out.append(
+                    Holder(
+                        label,
+                        "in the failing call",
+                        nbytes,
+                        tuple(v.shape),
+                        dtype,
+                        str(v.device),
+                        ptr,
+                    )
+                )
+        tb = tb.tb_next
+    return out
+
+
 def unnamed_tensor_bytes(named: set[int], keep: Callable[[Any], bool]) -> tuple[int, int]:
     """(bytes, count) of live tensors on the kept device that no name reaches (via ``gc``).
 
@@ -188,7 +235,9 @@ class ModelMemory:
         of a microsecond) rather than by storage objects; parameters, gradients and
         optimizer state are whole tensors, so the two agree."""
         kinds = (self._module_t, self._optim_t)
-        values = [v for k, v in list(self._ns.items()) if not k.startswith("_") and isinstance(v, kinds)]
+        values = [
+            v for k, v in list(self._ns.items()) if not k.startswith("_") and isinstance(v, kinds)
+        ]
         if not values:
             return None
         keep = self._keep

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpumagic.memory.holders import Holder
+from gpumagic.units import fmt_bytes
 
 _UNITS = {
     "B": 1,
@@ -79,10 +80,23 @@ class OomReport:
     allocated: int | None
     reserved: int | None
     holders: list[Holder] = field(default_factory=list)
-    unnamed_bytes: int = 0
+    unnamed_bytes: int = 0  # tensors no name reaches, counted after the release below
     unnamed_count: int = 0
-    limit_note: str = ""  # e.g. an RLIMIT_AS cap that made the host run out
+    released: int | None = None  # freed when the failed call's frames were released
+    address_limit: int | None = None  # an RLIMIT_AS cap that made the host run out
+    address_used: int | None = None
     advice: list[str] = field(default_factory=list)
+
+    @property
+    def limit_note(self) -> str:
+        if self.address_limit is None:
+            return ""
+        used = (
+            f", {fmt_bytes(self.address_used)} of it in use"
+            if self.address_used is not None
+            else ""
+        )
+        return f"the process's address space is capped at {fmt_bytes(self.address_limit)} (RLIMIT_AS){used}"
 
     @property
     def reserved_unallocated(self) -> int | None:
@@ -110,6 +124,7 @@ def build_cuda_report(
     device: str,
     holders: Sequence[Holder],
     unnamed: tuple[int, int] = (0, 0),
+    released: int | None = None,
 ) -> OomReport:
     """Report for a CUDA OOM from ``torch.cuda.memory_stats()`` and ``mem_get_info()``."""
     allocated = int(stats.get("allocated_bytes.all.current", 0))
@@ -126,6 +141,7 @@ def build_cuda_report(
         holders=sorted(holders, key=lambda h: -h.nbytes),
         unnamed_bytes=unnamed[0],
         unnamed_count=unnamed[1],
+        released=released,
     )
     report.advice = advice(report, cuda=True, retries=int(stats.get("num_alloc_retries", 0)))
     return report
@@ -140,16 +156,12 @@ def build_host_report(
     unnamed: tuple[int, int] = (0, 0),
     address_limit: int | None = None,
     address_used: int | None = None,
+    released: int | None = None,
 ) -> OomReport:
     """Report for a host allocation failure (torch's CPU allocator, ``MemoryError``)."""
     free = available
-    note = ""
     if address_limit is not None and address_used is not None:
         headroom = max(address_limit - address_used, 0)
-        note = (
-            f"the process's address space is capped (RLIMIT_AS = {address_limit} bytes, "
-            f"{address_used} in use)"
-        )
         free = headroom if free is None else min(free, headroom)
     report = OomReport(
         device="host",
@@ -162,7 +174,9 @@ def build_host_report(
         holders=sorted(holders, key=lambda h: -h.nbytes),
         unnamed_bytes=unnamed[0],
         unnamed_count=unnamed[1],
-        limit_note=note,
+        released=released,
+        address_limit=address_limit,
+        address_used=address_used,
     )
     report.advice = advice(report, cuda=False)
     return report
@@ -207,6 +221,14 @@ def advice(report: OomReport, cuda: bool, retries: int = 0) -> list[str]:
             )
     else:
         out.append("Drop references you no longer need (del x; gc.collect()).")
+    named = sum(h.nbytes for h in report.holders if h.role != "in the failing call")
+    if report.released and report.released > named:
+        out.insert(
+            1,
+            "The failing call itself held more than every named tensor together (activations "
+            "kept for the backward pass): a smaller batch, checkpointing or autocast shrink "
+            "exactly that.",
+        )
     if report.unnamed_bytes and report.allocated and report.unnamed_bytes > 0.25 * report.allocated:
         out.append(
             "Much of the memory is held by tensors no variable names: outputs kept in Out[] "

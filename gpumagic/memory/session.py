@@ -6,12 +6,18 @@ import importlib.util
 import os
 import resource
 import sys
-import traceback
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpumagic.cell import Statement
-from gpumagic.memory.holders import ModelMemory, device_filter, named_tensors, unnamed_tensor_bytes
+from gpumagic.memory.holders import (
+    Holder,
+    ModelMemory,
+    device_filter,
+    frame_tensors,
+    named_tensors,
+    unnamed_tensor_bytes,
+)
 from gpumagic.memory.oom import OomReport, build_cuda_report, build_host_report, is_oom
 from gpumagic.memory.probes import CudaMemory, HostMemory
 from gpumagic.memory.report import MemTrace
@@ -110,10 +116,16 @@ class TraceSession:
     def probe(self) -> MemoryTracer:
         return self.tracer
 
-    def finish(self, error: BaseException | None = None) -> MemTrace:
+    def finish(
+        self, error: BaseException | None = None, cell_filename: str | None = None
+    ) -> MemTrace:
+        """The result. After an OOM, also build its report and release the failed call's
+        frames (``cell_filename``: the cell's code name, where the release starts)."""
         try:
             failing = self.tracer.finish()
-            oom = self._oom_report(error) if error is not None and is_oom(error) else None
+            oom = None
+            if error is not None and is_oom(error):
+                oom = self._oom(error, cell_filename)
             text = ""
             if error is not None:
                 first = str(error).strip().splitlines()[0] if str(error).strip() else ""
@@ -129,32 +141,90 @@ class TraceSession:
             self.host.close()
             self.reader.close()
 
-    def _oom_report(self, error: BaseException) -> OomReport:
-        holders = list(named_tensors(self.namespace, self.keep))
-        unnamed = unnamed_tensor_bytes({h.storage for h in holders}, self.keep)
+    def _oom(self, error: BaseException, cell_filename: str | None) -> OomReport | None:
+        """Report, then release the frames, then measure what the release gave back.
+
+        The state at the failure (free, reserved, fragmentation, who holds what) is read
+        first; then the failed call's frames are cleared, which frees its activations; what
+        that gave back is reported as held by the failing call, and the tensors no name
+        reaches are counted only after it, so what remains is what leaks. Building the
+        report must not fail the cell a second time: under a tight cap even walking the heap
+        can raise MemoryError, and then a report without holders is shown.
+        """
+        at_failure: dict[str, Any] = {}
+        holders: list[Holder] = []
+        released: int | None = None
+        unnamed = (0, 0)
+        try:
+            try:
+                at_failure = self._state_at_failure()
+                holders = list(named_tensors(self.namespace, self.keep))
+                if cell_filename is not None:
+                    seen = {h.storage for h in holders}
+                    holders += frame_tensors(error, cell_filename, self.keep, seen)
+            except MemoryError:
+                holders = []
+            before = self.reader.read().current
+        finally:
+            if cell_filename is not None:
+                release_frames(error, cell_filename)
+        try:
+            after = self.reader.read()
+            released = max(before - after.current, 0)
+            self.tracer.final = after.current  # the cell's net change, once the frames let go
+            self.tracer.final_reserved = after.reserved
+            unnamed = unnamed_tensor_bytes({h.storage for h in holders}, self.keep)
+        except MemoryError:
+            pass
+        try:
+            return self._build(error, at_failure, holders, unnamed, released)
+        except MemoryError:
+            return None
+
+    def _state_at_failure(self) -> dict[str, Any]:
         if self.device.kind == "cuda":
             assert isinstance(self.reader, CudaMemory)
-            return build_cuda_report(
-                error,
-                self.reader.stats(),
-                self.reader.mem_get_info(),
-                self.device.label,
-                holders,
-                unnamed,
-            )
+            return {"stats": self.reader.stats(), "mem_info": self.reader.mem_get_info()}
         import psutil
 
         vm = psutil.virtual_memory()
         limit, used = _address_space_limit()
+        return {
+            "rss": self.tracer.final,
+            "available": int(vm.available),
+            "total": int(vm.total),
+            "limit": limit,
+            "used": used,
+        }
+
+    def _build(
+        self,
+        error: BaseException,
+        state: dict[str, Any],
+        holders: list[Holder],
+        unnamed: tuple[int, int],
+        released: int | None,
+    ) -> OomReport:
+        if self.device.kind == "cuda":
+            return build_cuda_report(
+                error,
+                state.get("stats", {}),
+                state.get("mem_info"),
+                self.device.label,
+                holders,
+                unnamed,
+                released=released,
+            )
         return build_host_report(
             error,
-            self.tracer.final,
-            int(vm.available),
-            int(vm.total),
+            state.get("rss", self.tracer.final),
+            state.get("available"),
+            state.get("total"),
             holders,
             unnamed,
-            address_limit=limit,
-            address_used=used,
+            address_limit=state.get("limit"),
+            address_used=state.get("used"),
+            released=released,
         )
 
 
@@ -187,5 +257,16 @@ def release_frames(error: BaseException, cell_filename: str) -> None:
         tb = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename != cell_filename:
             tb = tb.tb_next
-        traceback.clear_frames(tb)
+        while tb is not None:
+            frame = tb.tb_frame
+            try:
+                frame.clear()
+            except RuntimeError:  # still executing: not one of the failed call's frames
+                pass
+            else:
+                # A locals snapshot (frame.f_locals, read by frame_tensors or a debugger)
+                # outlives clear() on Python < 3.13; reading it again re-syncs it with the
+                # now empty locals, which drops its references.
+                _ = frame.f_locals
+            tb = tb.tb_next
         exc = exc.__context__

@@ -62,7 +62,15 @@ def memtrace_html(self: MemTrace) -> str:
     host_cols = self.device.kind != "host"
     scale = max([abs(self.delta[s.index]) for s in ran] + [self.peak[s.index] for s in ran] + [1])
     # On the host, allocated and reserved are both the RSS: one column says it.
-    headers = ["line", "statement", "hits", "time", "Δ allocated", "peak in statement", "allocated after"]
+    headers = [
+        "line",
+        "statement",
+        "hits",
+        "time",
+        "Δ allocated",
+        "peak in statement",
+        "allocated after",
+    ]
     if host_cols:
         headers += ["reserved after", "host Δ", "host peak"]
     if self.has_breakdown:
@@ -78,7 +86,9 @@ def memtrace_html(self: MemTrace) -> str:
             "&nbsp;" * (4 * s.depth) + escape(first) + more,
             fmt_count(self.hits[i]),
             fmt_us(self.time_ns[i] / 1000),
-            fmt_bytes(d, signed=True) + " " + bar(abs(d) / scale, "#d9534f" if d > 0 else "#5cb85c", 60),
+            fmt_bytes(d, signed=True)
+            + " "
+            + bar(abs(d) / scale, "#d9534f" if d > 0 else "#5cb85c", 60),
             fmt_bytes(self.peak[i]) + " " + bar(self.peak[i] / scale, "#f0ad4e", 60),
             fmt_bytes(self.after[i]),
         ]
@@ -133,10 +143,20 @@ def memtrace_html(self: MemTrace) -> str:
     return wrap("memtrace", body)
 
 
+def _asked_and_free(report: OomReport) -> tuple[str, str]:
+    """The request and the free memory, with more digits when they would print alike
+    ("asked for 32.0 MiB; free 32.0 MiB" reads as a contradiction)."""
+    asked, free = fmt_bytes(report.requested), fmt_bytes(report.free)
+    if report.requested is not None and report.free is not None and asked == free:
+        asked, free = fmt_bytes(report.requested, digits=3), fmt_bytes(report.free, digits=3)
+    return asked, free
+
+
 def oom_text(report: OomReport) -> str:
+    asked, free = _asked_and_free(report)
     lines = [f"Out of memory on {report.device}: {report.exception}"]
     lines.append(
-        f"  asked for {fmt_bytes(report.requested)}; free {fmt_bytes(report.free)}"
+        f"  asked for {asked}; free {free}"
         + (f" of {fmt_bytes(report.total)}" if report.total else "")
         + (f"; allocated {fmt_bytes(report.allocated)}" if report.allocated is not None else "")
         + (
@@ -147,6 +167,8 @@ def oom_text(report: OomReport) -> str:
     )
     if report.limit_note:
         lines.append(f"  note: {report.limit_note}")
+    if report.released:
+        lines.append(f"  released with the failed call's frames: {fmt_bytes(report.released)}")
     if report.holders:
         lines.append("  largest live tensors:")
         for h in report.holders[:10]:
@@ -163,12 +185,10 @@ def oom_text(report: OomReport) -> str:
 
 
 def oom_html(report: OomReport) -> str:
+    asked, free = _asked_and_free(report)
     facts = [
-        ("asked for", fmt_bytes(report.requested)),
-        (
-            "free",
-            fmt_bytes(report.free) + (f" of {fmt_bytes(report.total)}" if report.total else ""),
-        ),
+        ("asked for", asked),
+        ("free", free + (f" of {fmt_bytes(report.total)}" if report.total else "")),
     ]
     if report.allocated is not None:
         facts.append(("allocated", fmt_bytes(report.allocated)))
@@ -177,6 +197,8 @@ def oom_html(report: OomReport) -> str:
         if report.fragmented:
             frag = f'<span class="gm-warn">{frag} (fragmented)</span>'
         facts.append(("reserved but unallocated", frag))
+    if report.released:
+        facts.append(("released with the failed call's frames", fmt_bytes(report.released)))
     out = [
         f'<div class="gm-box"><b>Out of memory on {escape(report.device)}</b>: {escape(report.exception)}'
     ]
@@ -245,7 +267,6 @@ def memtrace_live_html(tracer: MemoryTracer) -> str:
     elapsed = xs[-1] if xs else 0.0
     body = (
         f"<div><b>%%memtrace</b> {now} · {elapsed:.1f} s · "
-        f"allocated {fmt_bytes(timeline[-1][1] if timeline else 0)}</div>"
-        + render_chart(chart)
+        f"allocated {fmt_bytes(timeline[-1][1] if timeline else 0)}</div>" + render_chart(chart)
     )
     return wrap("memtrace-live", body)
