@@ -14,7 +14,7 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
-from gpumagic.profile import tree
+from gpumagic.profile import intervals, tree
 from gpumagic.profile.breakdown import (
     CATEGORIES,
     Breakdown,
@@ -106,10 +106,23 @@ class MemoryPeak:
     measure: str  # "reserved", "allocated", or "allocated since the trace began"
 
 
+# Collectives as Kineto names them: NCCL/RCCL kernels on the device; on the host the c10d
+# ops (c10d::allreduce_), the backend's record_function ("nccl:all_reduce",
+# "gloo:all_reduce") and DDP's record_param_comms spans.
+_DEVICE_COLLECTIVE = re.compile(r"^(?:void )?(?:nccl|rccl|ncclDevKernel|ncclKernel)", re.IGNORECASE)
+_HOST_COLLECTIVE = re.compile(
+    r"^(?:c10d::|(?:nccl|gloo|mpi|ucc|rccl):)(?:all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|"
+    r"broadcast|reduce|barrier|_allgather_base|_reduce_scatter_base)|^record_param_comms$",
+    re.IGNORECASE,
+)
+
+
 class Analysis:
     """Everything derived from one trace file (one rank)."""
 
-    def __init__(self, trace: Trace, step_marks: bool = True, mark_limit: int | None = None) -> None:
+    def __init__(
+        self, trace: Trace, step_marks: bool = True, mark_limit: int | None = None
+    ) -> None:
         self.trace = trace
         self.step_marks = step_marks  # False: ignore ProfilerStep spans when finding steps
         self.mark_limit = mark_limit  # ProfilerStep#N with N >= this are not steps (a cell's tail)
@@ -187,6 +200,29 @@ class Analysis:
     @cached_property
     def devices(self) -> list[DeviceMetrics]:
         return device_metrics(self.trace, self.steps)
+
+    @cached_property
+    def collective_us_per_step(self) -> float:
+        """Mean time per step spent in collectives (all-reduce, all-gather, ...): the union of
+        NCCL/RCCL kernels on the device and of c10d/gloo/NCCL operators on the host, inside
+        the steps. In synchronous data parallelism every rank's step is as long as the
+        slowest rank's; what differs is how long each waits in the collective, so the rank
+        the others wait for is the one that spends the least time there."""
+        st = self.steps
+        if not len(st):
+            return 0.0
+        host, gpu = self.trace.host, self.trace.gpu
+        on_host = host.name.mask(lambda n: _HOST_COLLECTIVE.search(n) is not None)
+        on_gpu = gpu.name.mask(lambda n: _DEVICE_COLLECTIVE.search(n) is not None)
+        starts = np.concatenate([host.ts[on_host], gpu.ts[on_gpu]]).astype(float)
+        ends = np.concatenate([host.end[on_host], gpu.end[on_gpu]]).astype(float)
+        if not len(starts):
+            return 0.0
+        s, e = intervals.merge(starts, ends)
+        inside = sum(
+            intervals.total(*intervals.clip(s, e, lo, hi)) for lo, hi in zip(st.start, st.end)
+        )
+        return float(inside / len(st))
 
     @property
     def gpu_utilization_percent(self) -> float | None:

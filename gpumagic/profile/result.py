@@ -53,6 +53,8 @@ class ProfileResult(Rendered):
         """The analysis the tables describe: the only one, or the slowest rank's."""
         if len(self._analyses) == 1:
             return self._analyses[0]
+        if self._synchronised:
+            return min(self._analyses, key=lambda a: a.collective_us_per_step)
         return max(self._analyses, key=lambda a: a.breakdown.mean_step_us)
 
     @property
@@ -65,10 +67,19 @@ class ProfileResult(Rendered):
 
     @property
     def slowest_rank(self) -> int | None:
-        """The rank with the longest mean step, when there are several ranks."""
+        """The rank the others wait for, when there are several ranks.
+
+        Ranks that synchronise (DDP's all-reduce) all take as long per step as the slowest
+        one, so their step times cannot tell it; the time each spends waiting in collectives
+        can: the rank that waits least is the one holding the others up. Without
+        collectives in the traces, the rank with the longest mean step."""
         if len(self._analyses) < 2:
             return None
         return self._rank_of(self._analyses.index(self.primary), self.primary)
+
+    @property
+    def _synchronised(self) -> bool:
+        return all(a.collective_us_per_step > 0 for a in self._analyses)
 
     def rank(self, rank: int) -> ProfileResult:
         """The result for one rank alone."""
@@ -93,12 +104,13 @@ class ProfileResult(Rendered):
                 "step_time_us": bd.mean_step_us,
                 "gpu_utilization_percent": a.gpu_utilization_percent,
                 "gpu_idle_us_per_step": sum(idle.device_us.values()) / n,
+                "collective_us_per_step": a.collective_us_per_step,
             }
             for c, p in zip(CATEGORIES, bd.percent.tolist()):
                 row[f"{c}_percent"] = p
             rows.append(row)
         frame = pd.DataFrame(rows)
-        frame["slowest"] = frame["step_time_us"] == frame["step_time_us"].max()
+        frame["slowest"] = frame["rank"] == self.slowest_rank
         return frame.sort_values("rank", kind="stable").reset_index(drop=True)
 
     # --- the tables ------------------------------------------------------------------

@@ -339,3 +339,32 @@ def test_launches_matched_by_flow_arrows_when_correlation_is_missing(tmp_path):
     # step 1 is extended to the end of k1 (250), which its launch correlates through the arrows
     assert list(r.steps["end_us"]) == [250.0, 280.0]
     assert list(r.steps["device_events"]) == [1, 1]
+
+
+def _rank_trace(path: Path, rank: int, loader_us: float, allreduce_us: float) -> None:
+    """Two synchronised steps of 10 ms: a DataLoader fetch, compute, a gloo all-reduce."""
+    events = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": f"rank {rank}"}}]
+    for i in range(2):
+        t0 = 10_000.0 * i
+        span = {"ph": "X", "pid": 1, "tid": 1, "cat": "user_annotation"}
+        events.append({**span, "ts": t0, "dur": 10_000.0, "name": f"ProfilerStep#{i}"})
+        events.append({**span, "ts": t0, "dur": loader_us, "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"})
+        compute = 10_000.0 - loader_us - allreduce_us
+        events.append({**span, "cat": "cpu_op", "ts": t0 + loader_us, "dur": compute, "name": "aten::mm"})
+        events.append(
+            {**span, "cat": "cpu_op", "ts": t0 + loader_us + compute, "dur": allreduce_us, "name": "gloo:all_reduce"}
+        )
+    path.write_text(json.dumps({"distributedInfo": {"rank": rank}, "traceEvents": events}))
+
+
+def test_the_rank_others_wait_for_is_the_one_that_waits_least_in_collectives(tmp_path):
+    # DDP: every rank's step is equally long (the all-reduce makes them wait for each
+    # other); the straggler (rank 1, slow data) is the one that spends least time waiting
+    _rank_trace(tmp_path / "rank0.json", 0, loader_us=500.0, allreduce_us=6_000.0)
+    _rank_trace(tmp_path / "rank1.json", 1, loader_us=6_000.0, allreduce_us=500.0)
+    r = load_trace(tmp_path)
+    pr = r.per_rank
+    assert list(pr["step_time_us"]) == [10_000.0, 10_000.0]
+    assert list(pr["collective_us_per_step"]) == [6_000.0, 500.0]
+    assert r.slowest_rank == 1
+    assert list(pr["slowest"]) == [False, True]
