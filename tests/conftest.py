@@ -18,9 +18,10 @@ TRACES = REPO.parent / "shared" / "traces"
 
 @pytest.fixture(scope="session")
 def shell():
-    from IPython.testing.globalipapp import start_ipython
+    from IPython.testing import globalipapp
 
-    ip = start_ipython()
+    globalipapp.start_ipython()  # returns None when another fixture started it first
+    ip = globalipapp.get_ipython()
     ip.run_cell("%load_ext gpumagic", store_history=False)
     yield ip
 
