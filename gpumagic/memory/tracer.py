@@ -17,9 +17,9 @@ from gpumagic.cell import Statement
 from gpumagic.memory.probes import CudaMemory, HostMemory, Reading
 
 # Breakdown into parameters / gradients / optimizer state costs a walk over the model's
-# tensors (tens of µs); do it on each statement's first run, then at most once per this
-# many nanoseconds, so a training loop pays well under 1% for it.
-_BREAKDOWN_EVERY_NS = 20_000_000
+# tensors (~35 µs for a small CNN); do it on each statement's first run, then at most once
+# per this many nanoseconds, so a training loop pays well under 1% for it.
+_BREAKDOWN_EVERY_NS = 200_000_000
 # The timeline keeps at most this many points: past it, every other point is dropped and
 # only every 2nd (4th, ...) boundary is recorded; peaks in between are folded in.
 _TIMELINE_MAX = 4096
