@@ -155,8 +155,13 @@ class CudaMemory:
     def __init__(self, torch: Any, index: int) -> None:
         self._torch = torch
         self.index = index
-        self.name = str(torch.cuda.get_device_name(index))
-        self.total = int(torch.cuda.get_device_properties(index).total_memory)
+        # Asking for the device's name or size initialises CUDA (a context of hundreds of
+        # MiB); a cell that never touches the GPU must not get one from its memory tracer.
+        self.name: str | None = None
+        self.total: int | None = None
+        if torch.cuda.is_initialized():
+            self.name = str(torch.cuda.get_device_name(index))
+            self.total = int(torch.cuda.get_device_properties(index).total_memory)
 
     def read(self) -> Reading:
         return reading_from_stats(self._torch.cuda.memory_stats(self.index))

@@ -74,7 +74,8 @@ def resolve_device(spec: str | None, host: HostMemory) -> tuple[Device, CudaMemo
             "CUDA caching allocator counters (torch.cuda.memory_stats); per-statement peaks "
             "reset torch.cuda's peak counter at each statement"
         )
-        return Device("cuda", f"cuda:{index} ({reader.name})", why, index, reader.total), reader
+        label = f"cuda:{index} ({reader.name})" if reader.name else f"cuda:{index}"
+        return Device("cuda", label, why, index, reader.total), reader
     if choice not in ("", "auto", "host", "cpu"):
         raise DeviceError(
             f"unknown device {spec!r}; devices here: {', '.join(available_devices())}"
