@@ -32,6 +32,7 @@ STYLE = """
   border-bottom: 1px solid rgba(128,128,128,0.2); white-space: nowrap; vertical-align: middle; }
 .gpumagic table.gm-table th { font-weight: 600; border-bottom: 1px solid rgba(128,128,128,0.6);
   cursor: default; }
+.gpumagic table.gm-sortable th { cursor: pointer; }
 .gpumagic table.gm-table td.gm-left, .gpumagic table.gm-table th.gm-left { text-align: left; }
 .gpumagic table.gm-table td.gm-code { font-family: var(--jp-code-font-family, monospace);
   text-align: left; white-space: pre; max-width: 36em; overflow: hidden; text-overflow: ellipsis; }
@@ -81,6 +82,21 @@ def kv(items: Iterable[tuple[str, str]]) -> str:
     return f'<div class="gm-kv">{cells}</div>'
 
 
+# Click-to-sort for tables given sort keys. Inline in each header so it needs no script
+# element and no global name: where the front end runs trusted output's handlers
+# (JupyterLab, classic Notebook, VS Code for outputs made in the session) a click sorts
+# by that column, descending then ascending; where it does not (an untrusted notebook),
+# the table simply stays in its server-side order (largest time first).
+_SORT_JS = (
+    "var th=this,t=th.closest('table'),b=t.tBodies[0],i=Array.prototype.indexOf.call(th.parentNode.children,th),"
+    "d=th.getAttribute('data-dir')==='d'?'a':'d',r=Array.prototype.slice.call(b.rows);"
+    "th.setAttribute('data-dir',d);r.sort(function(x,y){var p=x.cells[i].getAttribute('data-v'),"
+    "q=y.cells[i].getAttribute('data-v'),m=parseFloat(p),n=parseFloat(q),"
+    "k=(isNaN(m)||isNaN(n))?String(p).localeCompare(String(q)):m-n;return d==='d'?-k:k;});"
+    "r.forEach(function(e){b.appendChild(e);});"
+)
+
+
 def table(
     headers: Sequence[str],
     rows: Iterable[Sequence[str]],
@@ -89,25 +105,43 @@ def table(
     code: Sequence[int] = (),
     row_classes: Sequence[str] | None = None,
     title_attr: Sequence[str | None] | None = None,
+    sort_keys: Sequence[Sequence[object]] | None = None,
 ) -> str:
     """A table whose cells are already HTML. ``left``/``code`` name column indexes to align left
-    or show as code; ``row_classes`` gives a CSS class per row (``gm-hot``, ``gm-error``)."""
+    or show as code; ``row_classes`` gives a CSS class per row (``gm-hot``, ``gm-error``);
+    ``sort_keys`` (one raw value per cell: numbers in base units, or text) makes the headers
+    click-to-sort."""
+    sortable = sort_keys is not None
+    onclick = f' onclick="{escape(_SORT_JS)}" title="click to sort"' if sortable else ""
     head = "".join(
-        f'<th class="{"gm-left" if i in left or i in code else ""}">{escape(h)}</th>'
+        f'<th class="{"gm-left" if i in left or i in code else ""}"{onclick}>{escape(h)}</th>'
         for i, h in enumerate(headers)
     )
     body = []
     for r, row in enumerate(rows):
         cls = row_classes[r] if row_classes is not None and r < len(row_classes) else ""
+        keys = sort_keys[r] if sort_keys is not None and r < len(sort_keys) else None
         tds = []
         for i, cell in enumerate(row):
             klass = "gm-code" if i in code else ("gm-left" if i in left else "")
             title = ""
             if title_attr is not None and i in code and r < len(title_attr) and title_attr[r]:
                 title = f' title="{escape(title_attr[r])}"'
-            tds.append(f'<td class="{klass}"{title}>{cell}</td>')
+            value = (
+                f' data-v="{escape(_sort_value(keys[i]))}"'
+                if keys is not None and i < len(keys)
+                else ""
+            )
+            tds.append(f'<td class="{klass}"{title}{value}>{cell}</td>')
         body.append(f'<tr class="{cls}">{"".join(tds)}</tr>')
-    return f'<table class="gm-table"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+    klass = "gm-table gm-sortable" if sortable else "gm-table"
+    return f'<table class="{klass}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
+def _sort_value(value: object) -> str:
+    if isinstance(value, float) and value != value:  # NaN sorts as missing, last
+        return ""
+    return str(value)
 
 
 def text_table(

@@ -434,11 +434,16 @@ def _ops_html(frame: pd.DataFrame, rows: int) -> str:
         ]
         for o in head.itertuples()
     ]
+    keys = [
+        [o.name, o.calls, o.host_self_us, o.host_total_us, o.device_self_us, o.device_total_us]
+        for o in head.itertuples()
+    ]
     return table(
         ["operator", "calls", "host self", "host total", "device self", "device total"],
         body,
         code=[0],
         title_attr=[str(n) for n in head["name"]],
+        sort_keys=keys,
     )
 
 
@@ -457,11 +462,25 @@ def _kernels_html(frame: pd.DataFrame, rows: int) -> str:
         ]
         for k in head.itertuples()
     ]
+    keys = [
+        [
+            k.name,
+            k.calls,
+            k.total_us,
+            k.percent,
+            k.mean_us,
+            k.max_us,
+            k.blocks_per_sm,
+            k.occupancy_percent,
+        ]
+        for k in head.itertuples()
+    ]
     return table(
         ["kernel", "calls", "total", "share", "mean", "max", "blocks/SM", "occupancy"],
         body,
         code=[0],
         title_attr=[str(n) for n in head["name"]],
+        sort_keys=keys,
     )
 
 
