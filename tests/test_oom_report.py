@@ -114,6 +114,7 @@ def test_host_report_with_an_address_space_cap():
     )
     assert report.requested == 8 * GiB
     assert report.free == GiB  # the cap, not the machine, is what is left
+    assert report.total == 6 * GiB
     assert report.limit_note == (
         "the process's address space is capped at 6.0 GiB (RLIMIT_AS), 5.0 GiB of it in use"
     )

@@ -161,8 +161,10 @@ def build_host_report(
     """Report for a host allocation failure (torch's CPU allocator, ``MemoryError``)."""
     free = available
     if address_limit is not None and address_used is not None:
+        # the cap, not the machine, bounds what this process can have: free "of" the cap
         headroom = max(address_limit - address_used, 0)
         free = headroom if free is None else min(free, headroom)
+        total = address_limit if total is None else min(total, address_limit)
     report = OomReport(
         device="host",
         exception=_short(exc),
