@@ -71,7 +71,6 @@ class PreparedCell:
     """A cell compiled and ready to run (see :func:`prepare`)."""
 
     filename: str
-    raw_source: str  # what linecache shows: the magic line, then the body as typed
     statements: list[Statement]
     body: CodeType | None  # every statement but a trailing expression
     last_expr: CodeType | None  # the trailing expression, evaluated for Out[n]
@@ -182,7 +181,7 @@ def prepare(shell: Any, cell: str, header: str | None, *, instrument: bool = Fal
     except SyntaxError as err:  # e.g. 'return' outside function: found at compile time
         setattr(err, _SYNTAX_MARK, True)
         raise
-    return PreparedCell(filename, raw_source, statements, body, last, hook_names)
+    return PreparedCell(filename, statements, body, last, hook_names)
 
 
 def _split_result(body: list[ast.stmt], interactivity: str) -> ast.expr | None:
@@ -414,13 +413,3 @@ def execute(shell: Any, prepared: PreparedCell, probe: Probe | None = None) -> A
     finally:
         for name in installed:
             builtins.__dict__.pop(name, None)
-
-
-def is_silenced(cell: str) -> bool:
-    """True when the cell's last token is ``;`` (IPython then shows no ``Out[n]``)."""
-    from IPython.core.displayhook import DisplayHook
-
-    try:
-        return bool(DisplayHook.semicolon_at_end_of_expression(cell))
-    except Exception:  # tokenizer errors on odd input: the syntax error is reported elsewhere
-        return False

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("MPLBACKEND", "Agg")
-# No live widgets in the plain test shell; kernel tests set their own.
-os.environ.setdefault("GPUMAGIC_LIVE", "off")
+# No GPUMAGIC_LIVE here: the in-process test shell has no kernel, so live views are off by
+# themselves, and a variable set here would leak into the kernels the notebook and browser
+# tests start.
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO.parent / "shared" / "traces"

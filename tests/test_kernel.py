@@ -8,11 +8,12 @@ nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
 
-def execute(cells, monkeypatch, allow_errors=True):
-    monkeypatch.delenv("GPUMAGIC_LIVE", raising=False)
+def execute(cells, allow_errors=True):
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
-    client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=allow_errors)
+    client = nbclient.NotebookClient(
+        nb, timeout=120, kernel_name="python3", allow_errors=allow_errors
+    )
     client.execute()
     return nb
 
@@ -21,14 +22,13 @@ def html_of(cell):
     return "".join(o.get("data", {}).get("text/html", "") for o in cell.outputs)
 
 
-def test_live_view_then_final_report_in_a_kernel(monkeypatch):
+def test_live_view_then_final_report_in_a_kernel():
     nb = execute(
         [
             "%load_ext gpumagic",
             "%%memtrace\nimport time\nx = 0\nfor i in range(25):\n    time.sleep(0.1)\n    x += i\nx",
             "print(_memtrace.live_frames)",
         ],
-        monkeypatch,
     )
     traced, frames = nb.cells[1], nb.cells[2]
     kinds = [o.output_type for o in traced.outputs]
@@ -37,7 +37,9 @@ def test_live_view_then_final_report_in_a_kernel(monkeypatch):
     html = html_of(traced)
     assert 'class="gpumagic gpumagic-memtrace"' in html
     assert "gpumagic-memtrace-live" not in html
-    assert not any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in traced.outputs)
+    assert not any(
+        "application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in traced.outputs
+    )
     # Out[] carries the cell's value
     results = [o for o in traced.outputs if o.output_type == "execute_result"]
     assert results and results[0]["data"]["text/plain"] == str(sum(range(25)))
@@ -45,8 +47,8 @@ def test_live_view_then_final_report_in_a_kernel(monkeypatch):
     assert int(frames.outputs[0]["text"].strip()) >= 1
 
 
-def test_error_cell_in_a_kernel_fails_once_with_the_report(monkeypatch):
-    nb = execute(["%load_ext gpumagic", "%%memtrace\na = 1\nb = a / 0\n", "print('still alive')"], monkeypatch)
+def test_error_cell_in_a_kernel_fails_once_with_the_report():
+    nb = execute(["%load_ext gpumagic", "%%memtrace\na = 1\nb = a / 0\n", "print('still alive')"])
     failing = nb.cells[1]
     errors = [o for o in failing.outputs if o.output_type == "error"]
     assert len(errors) == 1 and errors[0]["ename"] == "ZeroDivisionError"
@@ -54,7 +56,7 @@ def test_error_cell_in_a_kernel_fails_once_with_the_report(monkeypatch):
     assert nb.cells[2].outputs[0]["text"].strip() == "still alive"
 
 
-def test_gpuprofile_live_line_then_report_in_a_kernel(monkeypatch):
+def test_gpuprofile_live_line_then_report_in_a_kernel():
     nb = execute(
         [
             "%load_ext gpumagic",
@@ -62,7 +64,6 @@ def test_gpuprofile_live_line_then_report_in_a_kernel(monkeypatch):
             "    time.sleep(0.5)\n    torch.randn(64, 64) @ torch.randn(64, 64)\n    gpumagic.step()\n",
             "print(get_ipython().magics_manager.registry['ProfileMagics'].last_live_frames)",
         ],
-        monkeypatch,
     )
     profiled, frames = nb.cells[1], nb.cells[2]
     assert "error" not in [o.output_type for o in profiled.outputs], profiled.outputs

@@ -8,7 +8,6 @@ whose magics silently stopped rendering fails too.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -27,15 +26,10 @@ pytestmark = pytest.mark.notebooks
 
 def execute_notebook(path: Path, workdir: Path) -> nbformat.NotebookNode:
     nb = nbformat.read(path, as_version=4)
-    env_live = os.environ.pop("GPUMAGIC_LIVE", None)  # kernels decide their own live view
-    try:
-        client = nbclient.NotebookClient(
-            nb, timeout=TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(workdir)}}
-        )
-        client.execute()
-    finally:
-        if env_live is not None:
-            os.environ["GPUMAGIC_LIVE"] = env_live
+    client = nbclient.NotebookClient(
+        nb, timeout=TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(workdir)}}
+    )
+    client.execute()
     return nb
 
 
@@ -66,4 +60,10 @@ def test_notebook_runs_on_the_cpu(path: Path, tmp_path: Path) -> None:
 
 def test_there_are_tutorials():
     names = {p.stem for p in PATHS}
-    assert {"01_quickstart", "02_case_study", "03_out_of_memory", "04_multi_gpu", "05_reproducible_env"} <= names
+    assert {
+        "01_quickstart",
+        "02_case_study",
+        "03_out_of_memory",
+        "04_multi_gpu",
+        "05_reproducible_env",
+    } <= names

@@ -19,8 +19,12 @@ PARSER = MagicParser(
     description="Run the cell and account memory to each statement.",
 )
 PARSER.add_argument("-o", "--output", metavar="NAME", help="also store the result under NAME")
-PARSER.add_argument("-d", "--device", metavar="DEV", help="cuda, cuda:N or host (default: CUDA if available)")
-PARSER.add_argument("-q", "--quiet", action="store_true", help="display nothing; the result is still stored")
+PARSER.add_argument(
+    "-d", "--device", metavar="DEV", help="cuda, cuda:N or host (default: CUDA if available)"
+)
+PARSER.add_argument(
+    "-q", "--quiet", action="store_true", help="display nothing; the result is still stored"
+)
 PARSER.add_argument("--no-live", action="store_true", help="no live view while the cell runs")
 
 
@@ -50,7 +54,9 @@ class MemtraceMagics(Magics):
         if cell is None:
             opts, statement = PARSER.parse_prefix(line)
             if not statement:
-                raise PARSER.usage_error("give a statement to trace, or use %%memtrace as a cell magic")
+                raise PARSER.usage_error(
+                    "give a statement to trace, or use %%memtrace as a cell magic"
+                )
             source, header = statement, None
         else:
             opts = PARSER.parse_line(line)
@@ -63,9 +69,12 @@ class MemtraceMagics(Magics):
             session = TraceSession(prepared.statements, shell.user_ns, opts.device)
         except DeviceError as exc:
             raise PARSER.usage_error(str(exc)) from None
-        live = None
-        if not (opts.quiet or opts.no_live):
-            live = LiveView(lambda: memtrace_live_html(session.tracer), delay=1.0, interval=1.0).start()
+        live = LiveView(
+            lambda: memtrace_live_html(session.tracer),
+            delay=1.0,
+            interval=1.0,
+            mode="off" if opts.quiet or opts.no_live else None,
+        ).start()
         try:
             value = execute(shell, prepared, session.probe)
         except BaseException as exc:
@@ -82,11 +91,5 @@ class MemtraceMagics(Magics):
         ns["_memtrace"] = result
         if opts.output:
             ns[opts.output] = result
-        shown = result if not opts.quiet else None
-        if live is not None and live.mode != "off":
-            live.finish(shown)
-            result.live_frames = live.pushes
-        elif shown is not None:
-            from IPython.display import display
-
-            display(shown)
+        live.finish(None if opts.quiet else result, display_if_off=True)
+        result.live_frames = live.pushes

@@ -173,13 +173,15 @@ class ProfileMagics(Magics):
             )
         except ImportError as exc:
             raise PARSER.usage_error(f"%%gpuprofile needs torch: {exc}") from None
-        live = (
-            None if opts.quiet else LiveView(lambda: _live_line(recorder), delay=1.0, interval=1.0)
+        live = LiveView(
+            lambda: _live_line(recorder),
+            delay=1.0,
+            interval=1.0,
+            mode="off" if opts.quiet else None,
         )
         error: BaseException | None = None
         recorder.start()
-        if live is not None:
-            live.start()
+        live.start()
         try:
             value = execute(shell, prepared)
         except BaseException as exc:
@@ -217,13 +219,8 @@ class ProfileMagics(Magics):
                 shown = _Display(result, opts.rows, note)
             else:
                 shown = Note(f"%%gpuprofile: {record_error}", "profile-note", box=True)
-        if live is not None and live.mode != "off":
-            live.finish(shown)
-            self.last_live_frames = live.pushes
-        elif shown is not None:
-            from IPython.display import display
-
-            display(shown)
+        live.finish(shown, display_if_off=True)
+        self.last_live_frames = live.pushes
         if error is not None:
             raise error
         return value

@@ -75,7 +75,7 @@ def resolve_device(spec: str | None, host: HostMemory) -> tuple[Device, CudaMemo
             "reset torch.cuda's peak counter at each statement"
         )
         label = f"cuda:{index} ({reader.name})" if reader.name else f"cuda:{index}"
-        return Device("cuda", label, why, index, reader.total), reader
+        return Device("cuda", label, why, index), reader
     if choice not in ("", "auto", "host", "cpu"):
         raise DeviceError(
             f"unknown device {spec!r}; devices here: {', '.join(available_devices())}"

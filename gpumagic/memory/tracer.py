@@ -33,7 +33,6 @@ class Device:
     label: str  # "cuda:0 (NVIDIA H200)" or "host RSS"
     why: str  # one sentence: why this device, and how peaks are measured
     index: int = -1
-    total_bytes: int | None = None
 
 
 class MemoryTracer:
@@ -66,7 +65,6 @@ class MemoryTracer:
         self.parts: list[tuple[int, int, int] | None] = [None] * n  # params, grads, optimizer
         self._last_breakdown_ns = 0
         self.open = -1  # statement running now, -1 between statements
-        self.last_hit_delta = 0
         # state at the start of the open statement
         self._start_ns = 0
         self._start_cur = 0
@@ -122,7 +120,6 @@ class MemoryTracer:
             return
         d = dev.current - self._start_cur
         self.delta[i] += d
-        self.last_hit_delta = d
         p = dev.peak - self._start_cur
         if p > self.peak[i]:
             self.peak[i] = p

@@ -17,8 +17,6 @@ PALETTE = {
     "peak": "#f0ad4e",
     "accent": "#3b7dd8",
     "muted": "#888888",
-    "hot": "rgba(217, 83, 79, 0.12)",
-    "error": "rgba(217, 83, 79, 0.25)",
 }
 
 STYLE = """

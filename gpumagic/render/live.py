@@ -89,13 +89,21 @@ class LiveView:
         self._thread.start()
         return self
 
-    def finish(self, final: Any = None) -> None:
-        """Stop the thread, then put ``final`` (an object with a mime bundle, or None) in the slot."""
+    def finish(self, final: Any = None, display_if_off: bool = False) -> None:
+        """Stop the thread, then put ``final`` (an object with a mime bundle, or None) in the slot.
+
+        ``display_if_off``: when there was no live slot (a terminal, ``mode="off"``), display
+        ``final`` as an ordinary output instead, so a magic ends the same way in every front end.
+        """
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
         self._thread = None
         if self._handle is None:
+            if display_if_off and final is not None:
+                from IPython.display import display
+
+                display(final)
             return
         if final is not None:
             self._handle.update(final)

@@ -32,9 +32,10 @@ def _error_line(self: MemTrace) -> int | None:
 
 def memtrace_text(self: MemTrace) -> str:
     rows = []
+    hot = self._hot()
     for s in self._ran():
         i = s.index
-        mark = "!" if i == self.error_index else ("*" if i in self._hot() else " ")
+        mark = "!" if i == self.error_index else ("*" if i in hot else " ")
         src = ("  " * s.depth + s.source.splitlines()[0])[:60]
         rows.append(
             [

@@ -43,7 +43,6 @@ class Chart:
     x_max: float | None = None
     bands: list[Band] = field(default_factory=list)
     y_format: object = None  # callable(float) -> str for the axis labels
-    markers: list[tuple[float, str]] = field(default_factory=list)  # vertical lines (x, colour)
 
 
 def render_chart(chart: Chart) -> str:
@@ -96,12 +95,6 @@ def render_chart(chart: Chart) -> str:
             f'<text x="{pad_l - 3}" y="{py(value) + 3:.1f}" text-anchor="end" fill="#888">'
             f"{escape(fmt(value))}</text>"
         )
-    for x, color in chart.markers:
-        if x_lo <= x <= x_hi:
-            out.append(
-                f'<line x1="{px(x):.1f}" x2="{px(x):.1f}" y1="{pad_t}" y2="{pad_t + ph}" '
-                f'stroke="{color}" stroke-width="1" stroke-dasharray="2,2"/>'
-            )
     for s in chart.series:
         segments: list[list[tuple[float, float]]] = [[]]
         for x, y in zip(s.x, s.y):

@@ -218,9 +218,6 @@ def _start_lab_server(base: Path) -> LabServer:
     # kernelspec live.  PYTHONPATH puts this checkout first, so kernels import the
     # working tree's gpumagic even when it is not pip-installed.
     env = dict(os.environ)
-    # tests/conftest.py turns the live views off for the in-process test shell; kernels
-    # the browser drives are real front ends and must decide for themselves.
-    env.pop("GPUMAGIC_LIVE", None)
     env.update(
         JUPYTER_CONFIG_DIR=str(dirs["config"]),
         JUPYTER_DATA_DIR=str(dirs["data"]),
