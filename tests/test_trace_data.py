@@ -165,7 +165,7 @@ def test_an_unreachable_origin_skips_naming_the_mirror_variable(cache, monkeypat
         trace_data.require_trace(SMALL)
     reason = str(info.value)
     assert origin in reason
-    assert f"set {MIRROR_ENV}" in reason
+    assert f"set {MIRROR_ENV} to a mirror" in reason
     assert "Connection refused" in reason
 
 

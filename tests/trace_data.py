@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -202,25 +203,23 @@ class _Downloader:
 
 
 def _describe(exc: Exception) -> str:
-    # requests wraps urllib3's MaxRetryError, whose .reason is the line worth reading
-    # ("Failed to resolve 'raw.githubusercontent.com' ...", "Connection refused").
+    # requests wraps urllib3's MaxRetryError, whose .reason is the line worth reading, once
+    # the connection object's name is cut off ("Failed to resolve 'raw.githubusercontent.com'
+    # ([Errno -2] Name or service not known)", "... [Errno 111] Connection refused").
     reason = getattr(exc.args[0], "reason", None) if exc.args else None
-    return f"{type(exc).__name__}: {reason or exc}"
+    text = str(reason or exc)
+    text = re.sub(r"^(<[^>]*>|\w+\(host=[^)]*\)): ", "", text)
+    return f"{type(exc).__name__}: {text}"
 
 
 def _unavailable(name: str, url: str, cause: str, cache: Path) -> str:
     if os.environ.get(MIRROR_ENV, "").strip():
-        source = f"fetching {url} from the mirror {MIRROR_ENV} failed"
-        advice = f"check that {MIRROR_ENV} serves the traces under their registry names"
+        advice = f"check that the mirror {MIRROR_ENV} serves the traces under their registry names"
     else:
-        source = f"fetching its origin {url} failed"
-        advice = (
-            f"to run offline, set {MIRROR_ENV} to a mirror holding the traces under their "
-            "registry names, or fill the cache once online"
-        )
+        advice = f"offline, set {MIRROR_ENV} to a mirror of the traces (see README, Development)"
     return (
-        f"real trace {name} unavailable: {source} ({cause}); it is not in the cache "
-        f"{cache} and there is no {SHARED}; {advice}"
+        f"real trace {name} unavailable: {cause} (fetching {url}); "
+        f"not in the cache {cache}, no {SHARED}; {advice}"
     )
 
 
