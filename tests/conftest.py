@@ -1,10 +1,9 @@
-"""Shared fixtures: a real IPython shell with the extension loaded, and the trace folder."""
+"""Shared fixtures: a real IPython shell with the extension loaded (real traces: trace_data.py)."""
 
 from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 
 import pytest
 
@@ -12,9 +11,6 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # No GPUMAGIC_LIVE here: the in-process test shell has no kernel, so live views are off by
 # themselves, and a variable set here would leak into the kernels the notebook and browser
 # tests start.
-
-REPO = Path(__file__).resolve().parents[1]
-TRACES = REPO.parent / "shared" / "traces"
 
 
 @pytest.fixture(scope="session")

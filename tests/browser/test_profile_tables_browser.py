@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from trace_data import require_trace
 
 if TYPE_CHECKING:
     from conftest import LabPage
 
 pytestmark = pytest.mark.browser
-
-TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "resnet50_v100_num_workers_0.json.gz"
 
 
 def _column(table, index: int) -> list[float]:
@@ -21,9 +19,8 @@ def _column(table, index: int) -> list[float]:
 
 
 def test_operator_table_sorts_on_header_click(lab: LabPage) -> None:
-    if not TRACE.exists():
-        pytest.skip(f"shared trace not found: {TRACE}")
-    lab.write_notebook("tables", ["%load_ext gpumagic", f"%gpuprofile --load {TRACE} --rows 12"])
+    trace = require_trace("resnet50_v100_num_workers_0.json.gz")
+    lab.write_notebook("tables", ["%load_ext gpumagic", f"%gpuprofile --load {trace} --rows 12"])
     lab.open_notebook("tables")
     lab.run_all()
     lab.wait_run_all()

@@ -1,4 +1,4 @@
-"""Paths of the shared real traces, and a tiny trace builder for rule edge cases.
+"""Paths of the real traces, and a tiny trace builder for rule edge cases.
 
 The builder writes Chrome-trace JSON in Kineto's new schema; it is a test double for
 situations the shared traces do not contain (an optimizer loop on a GPU), and lives in
@@ -11,34 +11,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
+from trace_data import REGISTRY, require_trace
 
-# ../shared/traces relative to the repository root (tests/profile/x.py -> parents[2])
-TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
-
-ALL_TRACES = [
-    "a100_alexnet_syncs.json.gz",
-    "a100_cupti_counters.json.gz",
-    "a100_training_control.json.gz",
-    "a100_triton_kernel.json.gz",
-    "cpu_only.json.gz",
-    "mi250_rocm_minitoy.json.gz",
-    "resnet50_v100_num_workers_0.json.gz",
-    "resnet50_v100_num_workers_4.json.gz",
-    "v100_training_5steps.json.gz",
-    "v100_training_test.json.gz",
-    "two_ranks/rank-0.json.gz",
-    "two_ranks/rank-1.json.gz",
-]
+ALL_TRACES = list(REGISTRY)
 
 
 def trace_path(name: str) -> Path:
-    path = TRACES / name
-    if not path.exists():
-        pytest.skip(
-            f"real trace {path} is not available (expected ../shared/traces next to the repo)"
-        )
-    return path
+    """A real trace (or folder of them): ../shared/traces or the cache, fetched on first use;
+    the test skips, saying why, when it cannot be had (see tests/trace_data.py)."""
+    return require_trace(name)
 
 
 class TraceBuilder:
