@@ -58,6 +58,7 @@ class WatchMagics(Magics):
         from IPython.display import display
 
         from gpumagic.monitor import current, watch
+        from gpumagic.render.watch_live import start_live_view
 
         opts = PARSER.parse_line(line)
         if opts.action == "start":
@@ -65,7 +66,7 @@ class WatchMagics(Magics):
                 watcher = watch(opts.interval, opts.log, opts.gpus, opts.window, shell=self.shell)
             except ValueError as exc:
                 raise PARSER.usage_error(str(exc)) from None
-            watcher.start_view()
+            start_live_view(watcher)
             return None
         running = current()
         if running is None:
