@@ -47,9 +47,11 @@ test-fast: setup
 bench: setup
 	$(BIN)/python benchmarks/run.py
 
+## ruff, mypy, and the import contracts in pyproject.toml (cores never import the front end)
 lint: setup
 	$(BIN)/ruff check gpumagic tests benchmarks
 	$(BIN)/mypy gpumagic
+	$(BIN)/lint-imports
 
 clean:
-	rm -rf $(VENV) $(OUT) .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(OUT) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache *.egg-info

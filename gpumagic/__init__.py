@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+from gpumagic._version import __version__
 
 # public name -> (module, attribute); resolved on first use so `import gpumagic` stays fast
 _LAZY = {

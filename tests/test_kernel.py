@@ -71,3 +71,42 @@ def test_gpuprofile_live_line_then_report_in_a_kernel():
     assert 'class="gpumagic gpumagic-profile' in html
     assert "gpumagic-profile-live" not in html
     assert int(frames.outputs[0]["text"].strip()) >= 1
+
+
+def test_gpuwatch_results_show_once_as_out_in_a_kernel():
+    nb = execute(
+        [
+            "%load_ext gpumagic",
+            "%gpuwatch -i 0.1",
+            "import time; time.sleep(0.6)",
+            "%gpuwatch status",
+            "%gpuwatch status;",
+            "res = %gpuwatch stop",
+            "type(res).__name__, res is _gpuwatch",
+            "%gpuwatch -i 0.1",
+            "%gpuwatch stop",
+            "%gpuwatch -i 0.1",
+            "%gpuwatch stop;",
+            "%gpuwatch stop",
+        ],
+        allow_errors=False,
+    )
+    outputs = [[o.output_type for o in c.outputs] for c in nb.cells]
+    live, status, silenced, assigned, kept, stop, stop_silenced, nothing = (
+        nb.cells[i] for i in (1, 3, 4, 5, 6, 8, 10, 11)
+    )
+    # The live chart (a widget while running) became the one-line stopped note in place,
+    # told of the stop by the watcher it subscribed to.
+    assert 'class="gpumagic gpumagic-watch-stopped"' in html_of(live), live.outputs
+    assert not any(
+        "application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in live.outputs
+    )
+    assert outputs[3] == ["execute_result"], status.outputs
+    assert 'class="gpumagic gpumagic-watch-status"' in status.outputs[0]["data"]["text/html"]
+    assert silenced.outputs == [] and assigned.outputs == []
+    assert kept.outputs[0]["data"]["text/plain"] == "('WatchResult', True)"
+    assert outputs[8] == ["execute_result"], stop.outputs
+    assert 'class="gpumagic gpumagic-watch-result"' in stop.outputs[0]["data"]["text/html"]
+    assert stop_silenced.outputs == []
+    assert outputs[11] == ["display_data"]  # nothing to keep: a note, no Out[]
+    assert "nothing is being watched" in nothing.outputs[0]["data"]["text/plain"]

@@ -7,8 +7,11 @@ writes the installed packages, pinned, as requirements.txt or a conda environmen
 
 from __future__ import annotations
 
+import os
+
 from gpumagic.environment.checks import Finding
-from gpumagic.environment.freeze import FreezeError, FreezeResult, freeze
+from gpumagic.environment.freeze import FreezeError, FreezeResult
+from gpumagic.environment.freeze import freeze as write_freeze
 from gpumagic.environment.report import CpuInfo, DriverInfo, EnvReport, GpuInfo
 
 __all__ = [
@@ -29,3 +32,9 @@ def env() -> EnvReport:
     from gpumagic.environment.collect import collect
 
     return collect()
+
+
+def freeze(path: str | os.PathLike[str], report: EnvReport | None = None) -> FreezeResult:
+    """Write the pinned environment to ``path``; ``report`` supplies the Python and torch
+    build for the header (``env()`` is read now when not given)."""
+    return write_freeze(path, report if report is not None else env())

@@ -402,7 +402,7 @@ def read_packages(names: tuple[str, ...] = KEY_PACKAGES) -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             continue
     if "gpumagic" not in found:  # running from a source tree that is not installed
-        from gpumagic import __version__
+        from gpumagic._version import __version__
 
         found["gpumagic"] = __version__
     return found

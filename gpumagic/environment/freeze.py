@@ -18,13 +18,10 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from gpumagic.environment.checks import cuda_tag
 from gpumagic.render.html import Rendered
-
-if TYPE_CHECKING:
-    from gpumagic.environment.report import EnvReport
 
 PYTORCH_INDEX = "https://download.pytorch.org/whl"
 FORMATS = {".txt": "requirements", ".yml": "environment", ".yaml": "environment"}
@@ -41,6 +38,28 @@ class Installed:
     name: str
     version: str
     direct_url: dict[str, object] | None = None
+
+
+class Build(Protocol):
+    """What the header reads from an environment report (``EnvReport`` has all of it).
+
+    A protocol rather than ``EnvReport`` itself: the report's ``freeze()`` calls this module,
+    and this module naming the report back would be an import circle (issue 8)."""
+
+    @property
+    def python(self) -> str: ...
+    @property
+    def platform(self) -> str: ...
+    @property
+    def torch_version(self) -> str | None: ...
+    @property
+    def torch_build(self) -> str: ...
+    @property
+    def cuda_runtime(self) -> str | None: ...
+    @property
+    def hip_runtime(self) -> str | None: ...
+    @property
+    def packages(self) -> dict[str, str]: ...
 
 
 @dataclass(frozen=True)
@@ -95,14 +114,10 @@ def freeze_format(path: str | os.PathLike[str]) -> str:
     return FORMATS[suffix]
 
 
-def freeze(path: str | os.PathLike[str], report: EnvReport | None = None) -> FreezeResult:
-    """Write the pinned environment to ``path``; ``report`` supplies the torch build
-    (``gpumagic.env()`` is taken when not given)."""
+def freeze(path: str | os.PathLike[str], report: Build) -> FreezeResult:
+    """Write the pinned environment to ``path``; ``report`` (an ``EnvReport``) supplies the
+    Python and torch build for the header. ``gpumagic.environment.freeze(path)`` reads one."""
     fmt = freeze_format(path)
-    if report is None:
-        from gpumagic.environment.collect import collect
-
-        report = collect()
     target = Path(path).expanduser()
     header = Header(
         python=report.python,

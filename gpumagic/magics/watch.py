@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic import Magics, line_magic, magics_class, output_can_be_silenced
 
 from gpumagic.magics.args import MagicParser
 from gpumagic.render.html import Note
@@ -42,38 +42,43 @@ class WatchMagics(Magics):
         # %unload_ext stops the sampler thread and unregisters the cell events
         on_unload(stop_current)
 
+    @output_can_be_silenced
     @line_magic
-    def gpuwatch(self, line: str) -> None:
+    def gpuwatch(self, line: str) -> Any:
         """Watch the GPUs while you work: a live chart that keeps updating while other cells run.
 
         %gpuwatch [start] [-i SECONDS] [--log FILE.csv] [--gpus 0,1] [--window SECONDS]
         %gpuwatch status      current values and alerts
         %gpuwatch stop [-o VAR]  a static summary, per-cell peaks and the CSV path
 
-        The result of stop (``_gpuwatch``) has ``.samples`` (one row per device per
-        sample) and ``.cells`` (peak utilisation, peak memory and duration per cell).
+        status and stop return their result, shown once as ``Out[]`` (``res = %gpuwatch
+        stop`` keeps it; a trailing ``;`` hides it). The result of stop (also ``_gpuwatch``)
+        has ``.samples`` (one row per device per sample) and ``.cells`` (peak utilisation,
+        peak memory and duration per cell).
         Without NVML or an NVIDIA GPU it watches host CPU and RAM and says why.
         ``gpumagic.watch(...)`` starts the same watcher from a script.
         """
         from IPython.display import display
 
         from gpumagic.monitor import current, watch
+        from gpumagic.render.watch_live import start_live_view
 
-        opts = PARSER.parse_line(line)
+        # "%gpuwatch stop;": IPython passes the ";" on and drops the Out[] itself.
+        stripped = line.rstrip()
+        opts = PARSER.parse_line(stripped[:-1] if stripped.endswith(";") else line)
         if opts.action == "start":
             try:
                 watcher = watch(opts.interval, opts.log, opts.gpus, opts.window, shell=self.shell)
             except ValueError as exc:
                 raise PARSER.usage_error(str(exc)) from None
-            watcher.start_view()
+            start_live_view(watcher)
             return None
         running = current()
         if running is None:
             display(Note("%gpuwatch: nothing is being watched; start with %gpuwatch", "watch-note"))
             return None
         if opts.action == "status":
-            display(running.status())
-            return None
+            return running.status()
         if opts.output is not None and not opts.output.isidentifier():
             raise PARSER.usage_error(f"-o {opts.output!r}: not a valid variable name")
         result = running.stop()
@@ -81,5 +86,4 @@ class WatchMagics(Magics):
         ns["_gpuwatch"] = result
         if opts.output:
             ns[opts.output] = result
-        display(result)
-        return None
+        return result

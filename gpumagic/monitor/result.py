@@ -20,7 +20,7 @@ from gpumagic.monitor.alerts import Alert, cell_note
 if TYPE_CHECKING:
     import pandas as pd
 
-    from gpumagic.monitor.watcher import Snapshot
+    from gpumagic.monitor.snapshot import Snapshot
 
 UNITS: dict[str, str] = {m.key: m.unit for m in M.METRICS} | {
     "duration_us": "µs",

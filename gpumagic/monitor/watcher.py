@@ -9,6 +9,12 @@ starts a daemon thread that samples every ``interval`` seconds until ``stop()``.
 Nothing the thread does raises: a sample that fails part-way records the error and the
 next sample runs as usual. The thread's own CPU time per sample is measured
 (``time.thread_time``) so its cost is a number, not a guess.
+
+The watcher publishes and never draws: ``seq`` is a version counter a reader polls (it
+changes exactly when a new sample is in), and ``subscribe()`` tells a front end about
+every sample and about the stop. The live chart (``gpumagic.render.watch_live``) and the
+shell whose cells are marked are handed in by the IPython glue; this module imports
+neither IPython nor any display code (issue 8, checked by ``lint-imports``).
 """
 
 from __future__ import annotations
@@ -18,61 +24,32 @@ import math
 import os
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
 import numpy as np
 
 from gpumagic.monitor import metrics as M
 from gpumagic.monitor.alerts import LOW_UTIL_SPAN_S, Alert, compute_alerts
-from gpumagic.monitor.cells import CellMarks, CellRecord
+from gpumagic.monitor.cells import CellMarks
 from gpumagic.monitor.csvlog import CsvLog
 from gpumagic.monitor.devices import Device
 from gpumagic.monitor.host import HostReader
 from gpumagic.monitor.nvml import GpuReader, cuda_in_use, select_gpus
+from gpumagic.monitor.result import WatchResult, WatchStatus
 from gpumagic.monitor.ring import Ring, capacity_for
+from gpumagic.monitor.snapshot import Snapshot
 
-if TYPE_CHECKING:
-    from gpumagic.monitor.result import WatchResult, WatchStatus
-    from gpumagic.render.live import LiveView
+__all__ = ["Snapshot", "WatchEvent", "Watcher", "current", "stop_current", "watch"]
+
+# What a subscriber is told: a new sample is in, or the watcher stopped (its result is final).
+WatchEvent = Literal["sample", "stop"]
 
 MIN_INTERVAL = 0.1  # NVML's utilisation counters update at ~6-60 Hz; faster only costs CPU
 # A cell-end sample is taken at once, but never closer than this to the previous one, so a
 # notebook of many tiny cells ("Run all") cannot turn the sampler into a busy loop.
 MIN_SPACING = 0.1
 _JOIN_TIMEOUT_S = 5.0
-
-
-@dataclass
-class Snapshot:
-    """A consistent copy of a watcher's state: what renderers and results read."""
-
-    devices: tuple[Device, ...]
-    times: np.ndarray  # (samples,) time.time() seconds, oldest first, within the window
-    values: np.ndarray  # (samples, devices, metrics) float64, NaN = missing
-    cells: list[CellRecord]
-    alerts: list[Alert]  # active at the latest sample
-    alerts_seen: list[tuple[Alert, float, int]]  # (first occurrence, last time, samples)
-    reason: str | None  # why there is no GPU panel (None when GPUs are watched)
-    notes: list[str]
-    interval: float
-    window: float
-    started: float
-    now: float
-    running: bool
-    log_path: str | None
-    samples_taken: int
-    sample_cpu_s: float  # CPU seconds the samples cost, all together
-    seq: int  # samples ever pushed: changes exactly when there is something new to draw
-
-    @property
-    def gpu_rows(self) -> list[int]:
-        return [i for i, d in enumerate(self.devices) if d.kind == "gpu"]
-
-    @property
-    def host_row(self) -> int:
-        return len(self.devices) - 1
 
 
 def _check_interval(interval: float) -> tuple[float, str | None]:
@@ -126,8 +103,9 @@ class Watcher:
     """Samples every visible GPU (or the host) in a background thread.
 
     ``gpus`` are CUDA indexes (``cuda:N`` as PyTorch numbers them under
-    ``CUDA_VISIBLE_DEVICES``). ``cells`` registers IPython cell marks on ``shell`` (the
-    running IPython by default) while the watcher runs.
+    ``CUDA_VISIBLE_DEVICES``). ``cells`` registers cell marks on ``shell`` (an IPython
+    shell: ``%gpuwatch`` passes its own; in a notebook, ``shell=get_ipython()``) while the
+    watcher runs. Without a shell no cell is marked: this core never looks for one.
     """
 
     def __init__(
@@ -176,8 +154,9 @@ class Watcher:
         self.sample_errors = 0
         self.last_error: str | None = None
         self._result: WatchResult | None = None
-        self._view: LiveView | None = None
-        self._render_cache: tuple[int, bool, str] | None = None  # used by render_live
+        self._subscribers: list[Callable[[WatchEvent], None]] = []
+        self._stop_published = False
+        self._subscriber_error: str | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> Watcher:
@@ -194,10 +173,8 @@ class Watcher:
             if previous is not None and previous is not self:
                 previous.stop()
             _register_atexit()
-            if self._want_cells:
-                shell = self._shell if self._shell is not None else _running_ipython()
-                if shell is not None:
-                    self.marks.attach(shell)
+            if self._want_cells and self._shell is not None:
+                self.marks.attach(self._shell)
             self.started = time.time()
             self.sample_now()
             self._thread = threading.Thread(target=self._run, name="gpumagic-watch", daemon=True)
@@ -208,8 +185,6 @@ class Watcher:
     def stop(self) -> WatchResult:
         """Stop the thread, close the log, unregister cell marks; returns the result (idempotent)."""
         global _current
-        from gpumagic.monitor.result import WatchResult
-
         with _current_lock:
             if self._result is not None:
                 return self._result
@@ -230,15 +205,11 @@ class Watcher:
             self._result = WatchResult(self.snapshot(all_cells=True))
             if _current is self:
                 _current = None
-            view, self._view = self._view, None
-        if view is not None:
-            from gpumagic.render.watch import StoppedNote
-
-            try:
-                view.finish(StoppedNote(self._result, self.started, self.stopped_at))
-            except Exception:  # front end gone (kernel shutting down)
-                pass
-        return self._result
+            result = self._result
+        # Outside the lock: a subscriber (the live chart) may join its own thread, which
+        # reads this watcher meanwhile.
+        self._publish("stop")
+        return result
 
     @property
     def running(self) -> bool:
@@ -264,26 +235,47 @@ class Watcher:
     def detach(self) -> None:
         self.marks.detach()
 
-    def start_view(self, delay: float = 0.0) -> LiveView:
-        """Show the live chart in the current output (a ``LiveView``); ``stop()`` freezes it
-        into the static summary. In a terminal the view is off and this does nothing visible."""
-        from gpumagic.render.live import LiveView
-        from gpumagic.render.watch import render_live
+    def subscribe(self, callback: Callable[[WatchEvent], None]) -> Callable[[], None]:
+        """Be told when there is something new; returns the function that unsubscribes.
 
-        if self._view is not None:
-            self._view.finish()
-        # A widget update is a comm message to the browser: more often than every 0.5 s is
-        # noise for the eye and load for the front end, even when sampling faster.
-        view = LiveView(
-            lambda: render_live(self),
-            delay=delay,
-            interval=max(self.interval, 0.5),
-            name="gpumagic-watch-view",
-        )
-        self._view = view
-        view.start()
-        view.refresh()  # first frame now, not one interval later
-        return view
+        ``callback("sample")`` runs after every sample, on the thread that took it (the
+        sampler's, mostly: keep it short). ``callback("stop")`` runs once, on the thread that
+        called ``stop()``, when the result is final; subscribing to a stopped watcher gets it
+        at once. A callback that raises never reaches the sampler or ``stop()``'s caller; the
+        error shows in ``notes()``.
+        """
+        with self._state_lock:
+            stopped = self._stop_published
+            if not stopped:
+                self._subscribers.append(callback)
+        if stopped:
+            self._tell(callback, "stop")
+
+        def unsubscribe() -> None:
+            with self._state_lock:
+                for i, cb in enumerate(self._subscribers):
+                    if cb is callback:
+                        del self._subscribers[i]
+                        break
+
+        return unsubscribe
+
+    def _publish(self, event: WatchEvent) -> None:
+        with self._state_lock:
+            if self._stop_published:
+                return
+            subscribers = list(self._subscribers)
+            if event == "stop":  # the last word: nothing is published after it
+                self._stop_published = True
+                self._subscribers.clear()
+        for callback in subscribers:
+            self._tell(callback, event)
+
+    def _tell(self, callback: Callable[[WatchEvent], None], event: WatchEvent) -> None:
+        try:
+            callback(event)
+        except Exception as exc:  # a front end's bug must not stop the sampling
+            self._subscriber_error = f"{event!r} subscriber failed: {type(exc).__name__}: {exc}"
 
     # -- reading -------------------------------------------------------------------------
     def snapshot(self, all_cells: bool = False) -> Snapshot:
@@ -316,16 +308,12 @@ class Watcher:
 
     def status(self) -> WatchStatus:
         """Current values of every device, active alerts and notes."""
-        from gpumagic.monitor.result import WatchStatus
-
         if self._ring.last() is None:
             self.sample_now()
         return WatchStatus(self.snapshot())
 
     def result(self) -> WatchResult:
         """The summary so far, without stopping (``stop()`` returns the final one)."""
-        from gpumagic.monitor.result import WatchResult
-
         return (
             self._result if self._result is not None else WatchResult(self.snapshot(all_cells=True))
         )
@@ -343,6 +331,8 @@ class Watcher:
             out.append(self._log.error)
         if self.last_error:
             out.append(f"sampling error ({self.sample_errors} so far): {self.last_error}")
+        if self._subscriber_error:
+            out.append(self._subscriber_error)
         return out
 
     @property
@@ -362,6 +352,7 @@ class Watcher:
                 self.last_error = f"{type(exc).__name__}: {exc}"
             self.sample_cpu_s += time.thread_time() - cpu0
             self.samples_taken += 1
+        self._publish("sample")  # outside the lock: a subscriber may read the watcher
 
     def _sample(self) -> None:
         t = time.time()
@@ -455,14 +446,6 @@ def _register_atexit() -> None:
         _atexit_registered = True
 
 
-def _running_ipython() -> Any:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return None
-    return get_ipython()
-
-
 def watch(
     interval: float = 1.0,
     log: str | os.PathLike[str] | None = None,
@@ -476,8 +459,10 @@ def watch(
 
     ``interval``: seconds between samples (floor 0.1). ``log``: CSV path, one row per device
     per sample. ``gpus``: CUDA indexes to watch (default every visible GPU). ``window``:
-    seconds of history kept in memory and drawn. Bad input raises ValueError before any
-    thread starts. ``stop()`` on the watcher returns a ``WatchResult``.
+    seconds of history kept in memory and drawn. ``shell``: the IPython shell whose cells
+    to mark (``get_ipython()`` in a notebook; none are marked without it). Bad input
+    raises ValueError before any thread starts. ``stop()`` on the watcher returns a
+    ``WatchResult``.
     """
     return Watcher(interval, log, gpus, window, cells=cells, shell=shell).start()
 

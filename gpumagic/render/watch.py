@@ -3,8 +3,10 @@
 Everything is an HTML string with inline SVG built from a ``Snapshot`` (no matplotlib per
 frame): one row of small charts per GPU (utilisation, memory, temperature, power) and one
 for the host (CPU, RAM), cells shaded where they ran, current values and alerts on top.
-``render_live`` is the LiveView callback; it returns the cached frame when no new sample
-arrived, so a view refreshing faster than the sampler costs nothing.
+``LiveFrame`` is the LiveView callback; it returns the cached frame when no new sample
+arrived, so a view refreshing faster than the sampler costs nothing. Only the watcher's
+public ``seq``, ``running`` and ``snapshot()`` are read here; the live view itself
+(IPython, widgets) is ``watch_live.py``, never imported by the core's results.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from gpumagic.units import fmt_bytes, fmt_percent, fmt_us
 if TYPE_CHECKING:
     from gpumagic.monitor.cells import CellRecord
     from gpumagic.monitor.result import WatchResult, WatchStatus
-    from gpumagic.monitor.watcher import Snapshot, Watcher
+    from gpumagic.monitor.snapshot import Snapshot
+    from gpumagic.monitor.watcher import Watcher
 
 CHART_W = 232
 CHART_H = 84
@@ -363,15 +366,23 @@ def live_html(snap: Snapshot) -> str:
     return wrap("watch", body)
 
 
-def render_live(watcher: Watcher) -> str:
-    """LiveView callback: the frame for ``watcher``'s latest sample (cached per sample)."""
-    key = (watcher.seq, watcher.running)
-    cached = watcher._render_cache
-    if cached is not None and (cached[0], cached[1]) == key:
-        return cached[2]
-    html = live_html(watcher.snapshot())
-    watcher._render_cache = (key[0], key[1], html)
-    return html
+class LiveFrame:
+    """LiveView callback: ``frame()`` is the live frame of ``watcher``'s latest sample, built
+    once per sample (the watcher's ``seq`` is the version polled) and once more at the stop."""
+
+    def __init__(self, watcher: Watcher) -> None:
+        self.watcher = watcher
+        # (seq, running, html) in one tuple: the view's thread and a caller may both ask.
+        self._cached: tuple[int, bool, str] | None = None
+
+    def __call__(self) -> str:
+        seq, running = self.watcher.seq, self.watcher.running
+        cached = self._cached
+        if cached is not None and cached[:2] == (seq, running):
+            return cached[2]
+        html = live_html(self.watcher.snapshot())
+        self._cached = (seq, running, html)
+        return html
 
 
 def status_html(status: WatchStatus) -> str:

@@ -124,3 +124,21 @@ def test_cell_records_are_bounded_and_windowed() -> None:
     assert [r.execution_count for r in recent] == list(range(MAX_CELLS + 40, MAX_CELLS + 50))
     marks.open("running", None, start=0.0)
     assert marks.records(since=1e12)[-1].source == "running"  # a running cell is always drawn
+
+
+@pytest.mark.usefixtures("host_only")
+def test_cells_are_marked_only_on_a_shell_it_is_given(wshell: Any) -> None:
+    """The sampler core never looks for IPython itself (issue 8): ``%gpuwatch`` passes its
+    shell, a notebook calling ``gpumagic.watch`` passes ``shell=get_ipython()``."""
+    import gpumagic
+
+    alone = gpumagic.watch(interval=0.1)  # inside IPython, but no shell given: no marks
+    assert not alone.marks.attached and callbacks(wshell, alone) == 0
+    alone.stop()
+    given = gpumagic.watch(interval=0.1, shell=wshell)
+    assert given.marks.attached and callbacks(wshell, given) == 2
+    given.stop()
+    assert callbacks(wshell, given) == 0
+    off = gpumagic.watch(interval=0.1, cells=False, shell=wshell)
+    assert not off.marks.attached and callbacks(wshell, off) == 0
+    off.stop()

@@ -178,3 +178,57 @@ def test_thread_cpu_cost_is_measured() -> None:
 def test_pid_is_this_process() -> None:
     w = Watcher(cells=False)
     assert w._host._proc.pid == os.getpid()
+
+
+# -- publishing: what a front end follows without the watcher knowing it (issue 8) ----------
+
+
+def test_subscribers_hear_every_sample_and_the_stop_once() -> None:
+    w = watch(interval=0.1, cells=False)
+    events: list[tuple[str, int, str]] = []
+    w.subscribe(lambda e: events.append((e, w.seq, threading.current_thread().name)))
+    assert wait_for(lambda: sum(e == "sample" for e, _, _ in events) >= 3, 3.0)
+    result = w.stop()
+    w.stop()  # idempotent: no second "stop"
+    names = [e for e, _, _ in events]
+    assert names.count("stop") == 1 and names[-1] == "stop"
+    samples = [(seq, thread) for e, seq, thread in events if e == "sample"]
+    # Each "sample" comes after that sample is in: seq (the version readers poll) has moved.
+    seqs = [seq for seq, _ in samples]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    assert "gpumagic-watch" in {thread for _, thread in samples}  # the sampler's own thread
+    stop_thread = next(thread for e, _, thread in events if e == "stop")
+    assert stop_thread == threading.current_thread().name  # the caller of stop()
+    assert result.samples_taken == w.samples_taken
+
+
+def test_unsubscribe_and_late_subscribers() -> None:
+    w = watch(interval=0.1, cells=False)
+    heard: list[str] = []
+    unsubscribe = w.subscribe(heard.append)
+    assert wait_for(lambda: "sample" in heard, 3.0)
+    unsubscribe()
+    unsubscribe()  # twice is harmless
+    n = len(heard)
+    w.sample_now()
+    assert len(heard) == n
+    w.stop()
+    assert len(heard) == n  # not told of the stop either
+    late: list[str] = []
+    w.subscribe(late.append)  # a stopped watcher tells a new subscriber at once
+    assert late == ["stop"]
+
+
+def test_a_failing_subscriber_never_stops_the_sampling() -> None:
+    w = watch(interval=0.1, cells=False)
+
+    def broken(event: str) -> None:
+        raise RuntimeError(f"front end bug on {event}")
+
+    w.subscribe(broken)
+    before = w.samples_taken
+    assert wait_for(lambda: w.samples_taken >= before + 3, 3.0)
+    assert w.running and w.sample_errors == 0
+    assert any("'sample' subscriber failed" in n and "front end bug" in n for n in w.notes())
+    w.stop()  # the stop reaches the broken subscriber too, and stop() still returns
+    assert not w.running

@@ -11,7 +11,8 @@ import pytest
 from watch_nvml_double import MIB, gpu
 
 from gpumagic.monitor import Watcher, watch
-from gpumagic.render.watch import live_html, render_live
+from gpumagic.render.watch import LiveFrame, live_html
+from gpumagic.render.watch_live import start_live_view
 
 
 @pytest.fixture
@@ -25,13 +26,14 @@ def test_host_only_frame_looks_finished(wshell: Any) -> None:
     w = watch(interval=0.1, shell=wshell)
     time.sleep(0.25)
     wshell.run_cell("import time; time.sleep(0.2)", store_history=True)
-    html = render_live(w)
+    frame = LiveFrame(w)
+    html = frame()
     assert html.startswith('<div class="gpumagic gpumagic-watch">')
     assert "No GPU panel:" in html and "Showing this machine's CPU and RAM" in html
     assert html.count("<svg") == 2  # host CPU and RAM
     assert "host CPU" in html and "host RAM" in html
     assert "<rect" in html  # the cell's band
-    assert render_live(w) is render_live(w)  # no new sample: the cached frame
+    assert frame() is frame()  # no new sample: the cached frame
     result = w.stop()
     bundle = result._repr_mimebundle_()
     assert set(bundle) == {"text/plain", "text/html"}
@@ -53,7 +55,7 @@ def test_gpu_frame_has_small_multiples_per_gpu(
     w = watch(interval=0.1, shell=wshell, log=None)
     wshell.run_cell("x = '<b>not bold</b>'  # cell source with markup", store_history=True)
     time.sleep(0.25)
-    html = render_live(w)
+    html = LiveFrame(w)()
     assert html.count("<svg") == 2 * 4 + 2
     assert "cuda:0 (GPU 1)" in html and "cuda:1 (GPU 0)" in html
     assert "Fake &lt;A100&gt;" in html and "<A100>" not in html  # escaped
@@ -104,10 +106,34 @@ def test_render_live_is_cheap() -> None:
 def test_start_view_feeds_a_live_view_and_stop_finishes_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUMAGIC_LIVE", "off")  # a terminal: the view exists but shows nothing
     w = watch(interval=0.1, cells=False)
-    view = w.start_view()
+    view = start_live_view(w)
     frame = view._render()
     assert frame is not None and 'class="gpumagic gpumagic-watch"' in frame
     assert view.error is None
     result = w.stop()
-    assert not view.running and w._view is None
+    assert not view.running and w._subscribers == []  # the watcher holds no view after its stop
     assert result.samples_taken >= 1
+
+
+@pytest.mark.usefixtures("host_only")
+def test_live_view_follows_the_watcher_and_its_stop_freezes_the_slot(
+    wshell: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watcher knows nothing of the view: the view polls ``seq`` for frames and hears of
+    the stop through ``subscribe``, which puts the one-line note in its slot."""
+    from IPython.utils.capture import capture_output
+
+    monkeypatch.setenv("GPUMAGIC_LIVE", "display")  # a display slot, updated in place
+    with capture_output() as cap:
+        w = watch(interval=0.1, cells=False)
+        view = start_live_view(w)
+        assert view.running
+        deadline = time.monotonic() + 5
+        while view.pushes < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        w.stop()
+    assert view.pushes >= 2, view.error  # new samples made new frames while it ran
+    assert not view.running and w._subscribers == []
+    last = cap.outputs[-1].data
+    assert "gpuwatch stopped at" in last["text/plain"]
+    assert 'class="gpumagic gpumagic-watch-stopped"' in last["text/html"]
