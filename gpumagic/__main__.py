@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -55,6 +56,26 @@ def demo(out: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``gpumagic`` command (and ``python -m gpumagic``); returns the exit status."""
+    try:
+        try:
+            return _dispatch(argv)
+        finally:  # also after argparse's --help exit: a closed pipe shows here, not at exit
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`| head -1`, `| less` quit): end quietly, as Python's docs
+        # recommend (library/signal, "Note on SIGPIPE"): point stdout at devnull so the
+        # final flush at exit does not fail again. The status is 141 (128 + SIGPIPE),
+        # what cat or grep report when killed by the same closed pipe: a pipeline under
+        # `set -o pipefail` learns the output was cut short, while a plain `| head -1`
+        # reports head's 0; a 0 here would claim a complete write.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141
+
+
+def _dispatch(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpumagic")
     sub = parser.add_subparsers(dest="command", required=True)
     p_demo = sub.add_parser("demo", help="trace a training cell with %%memtrace, write HTML")

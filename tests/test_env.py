@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from cell_outputs import run_showing
 from IPython.core.error import UsageError
 
 from gpumagic.environment import checks
@@ -32,6 +33,12 @@ def _plain(run_result) -> str:
     return "".join(b.get("text/plain", "") for b in run_result.bundles)
 
 
+@pytest.fixture
+def show(ip, run):
+    """show(cell) -> Outputs: the cell's display() bundles and its Out[] bundle."""
+    return lambda cell: run_showing(ip, run, cell)
+
+
 def _requirements(text: str) -> list[str]:
     """The requirement lines of a requirements.txt: no comments, no pip options."""
     out = []
@@ -46,8 +53,8 @@ def _requirements(text: str) -> list[str]:
 
 
 @pytest.mark.skipif(not NO_CUDA, reason="the CPU path: torch sees no GPU here")
-def test_gpuenv_on_cpu_says_no_gpu_and_why(run, ip):
-    r = run("%gpuenv")
+def test_gpuenv_on_cpu_says_no_gpu_and_why(show, ip):
+    r = show("%gpuenv")
     assert r.result.error_in_exec is None, r.result.error_in_exec
     assert len(r.bundles) == 1
     bundle = r.bundles[0]
@@ -93,10 +100,10 @@ def test_gpuenv_on_cpu_says_no_gpu_and_why(run, ip):
     assert report.packages["ipython"] == importlib.metadata.version("ipython")
 
 
-def test_env_returns_the_same_report_as_data(run, ip):
+def test_env_returns_the_same_report_as_data(show, ip):
     import gpumagic
 
-    r = run("%gpuenv")
+    r = show("%gpuenv")
     assert r.result.error_in_exec is None
     shown = ip.user_ns["_gpuenv"]
     data = gpumagic.env()
@@ -130,6 +137,61 @@ def test_env_returns_the_same_report_as_data(run, ip):
     assert bundle["text/plain"] == r.bundles[0]["text/plain"]
 
 
+def test_gpuenv_returns_the_report_shown_once_as_out(show, ip):
+    r = show("%gpuenv")
+    report = ip.user_ns["_gpuenv"]
+    assert r.value is report  # the magic returned it, and IPython showed it as Out[]
+    assert ip.user_ns["Out"][r.result.execution_count] is report
+    assert r.displayed == [] and len(r.reports("env")) == 1  # shown once, not display()ed too
+
+    r = show("e = %gpuenv")
+    assert r.bundles == [] and r.value is None
+    assert ip.user_ns["e"] is ip.user_ns["_gpuenv"]
+    assert type(ip.user_ns["e"]).__name__ == "EnvReport"
+
+    for silenced in ("%gpuenv ;", "%gpuenv ;  # no output, please"):
+        before = ip.user_ns["_gpuenv"]
+        r = show(silenced)
+        assert r.result.error_in_exec is None, r.result.error_in_exec
+        assert r.bundles == [] and r.value is None, silenced
+        assert ip.user_ns["_gpuenv"] is not before  # it ran, and kept the new report
+
+
+def test_freeze_says_where_it_wrote_then_returns_the_report(show, ip, tmp_path):
+    target = tmp_path / "req.txt"
+    r = show(f"%gpuenv --freeze {target}")
+    assert r.result.error_in_exec is None, r.result.error_in_exec
+    assert target.exists()
+    assert [str(target) in b["text/plain"] for b in r.bundles] == [True, False]  # note, then report
+    assert r.value is ip.user_ns["_gpuenv"] and r.reports("env") == r.out and len(r.out) == 1
+
+    target.unlink()
+    r = show(f"%gpuenv --freeze {target} ;")
+    assert r.result.error_in_exec is None, r.result.error_in_exec
+    assert target.exists()
+    # the note on the file is shown even when the report is not: a file was written
+    assert len(r.displayed) == 1 and str(target) in r.displayed[0]["text/plain"]
+    assert r.out == [] and r.value is None
+
+    r = show(f"e = %gpuenv --freeze {target}")
+    assert len(r.displayed) == 1 and r.out == []
+    assert ip.user_ns["e"] is ip.user_ns["_gpuenv"]
+
+
+def test_gpuenv_shows_once_in_a_kernel():
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    nb = nbformat.v4.new_notebook()
+    cells = ["%load_ext gpumagic", "%gpuenv", "%gpuenv ;", "e = %gpuenv", "print(type(e).__name__)"]
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
+    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+    shown, silenced, assigned, kept = (c.outputs for c in nb.cells[1:])
+    assert [o.output_type for o in shown] == ["execute_result"]
+    assert '<div class="gpumagic gpumagic-env">' in shown[0]["data"]["text/html"]
+    assert silenced == [] and assigned == []
+    assert kept[0]["text"].strip() == "EnvReport"
+
+
 def test_public_functions_survive_importing_their_packages():
     # Importing a submodule binds the package attribute of that name to the module; the
     # packages are named apart from the public functions so that can never happen.
@@ -141,10 +203,10 @@ def test_public_functions_survive_importing_their_packages():
     assert gpumagic.watch.__module__ == "gpumagic.monitor.watcher"
 
 
-def test_live_flags_feed_the_traps(run, ip):
+def test_live_flags_feed_the_traps(show, ip):
     bench, det = torch.backends.cudnn.benchmark, torch.are_deterministic_algorithms_enabled()
     try:
-        r = run(
+        r = show(
             "import torch\n"
             "torch.backends.cudnn.benchmark = True\n"
             "torch.use_deterministic_algorithms(True)\n"
@@ -162,9 +224,9 @@ def test_live_flags_feed_the_traps(run, ip):
 
 
 @pytest.mark.skipif(not NO_CUDA, reason="changing CUDA_VISIBLE_DEVICES must not touch a live GPU")
-def test_empty_visible_devices_is_flagged(run, ip, monkeypatch):
+def test_empty_visible_devices_is_flagged(show, ip, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    r = run("%gpuenv")
+    r = show("%gpuenv")
     assert r.result.error_in_exec is None
     assert "visible-devices-empty" in [f.code for f in ip.user_ns["_gpuenv"].findings]
     assert '"" (set, empty)' in _plain(r)
@@ -224,12 +286,12 @@ def test_freeze_to_unwritable_path_names_the_path(run, tmp_path, where):
 # --- --freeze files ------------------------------------------------------------------------------
 
 
-def test_freeze_requirements_txt_pins_every_distribution(run, tmp_path):
+def test_freeze_requirements_txt_pins_every_distribution(show, tmp_path):
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 
     target = tmp_path / "req.txt"
-    r = run(f"%gpuenv --freeze {target}")
+    r = show(f"%gpuenv --freeze {target}")
     assert r.result.error_in_exec is None, r.result.error_in_exec
     assert str(target) in _plain(r) and str(target) in r.html()  # says where it wrote
 
@@ -496,8 +558,8 @@ def test_environment_text_quotes_what_yaml_would_misread():
 
 
 @pytest.mark.gpu
-def test_gpuenv_on_a_gpu(run, ip):
-    r = run("%gpuenv")
+def test_gpuenv_on_a_gpu(show, ip):
+    r = show("%gpuenv")
     assert r.result.error_in_exec is None, r.result.error_in_exec
     report = ip.user_ns["_gpuenv"]
     text = r.bundles[0]["text/plain"]

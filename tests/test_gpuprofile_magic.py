@@ -6,6 +6,7 @@ import gzip
 import json
 
 import pytest
+from cell_outputs import run_showing
 
 torch = pytest.importorskip("torch")
 
@@ -46,7 +47,13 @@ def setup(ip, run):
     assert r.result.success, r.stdout
 
 
-def test_single_process_dataloader_is_diagnosed_and_workers_fix_it(ip, run, setup):
+@pytest.fixture
+def show(ip, run):
+    """show(cell) -> Outputs: the cell's display() bundles and its Out[] bundle."""
+    return lambda cell: run_showing(ip, run, cell)
+
+
+def test_single_process_dataloader_is_diagnosed_and_workers_fix_it(ip, run, show, setup):
     r = run("%%gpuprofile -n slow -q\nloader = DataLoader(SlowData(), batch_size=8, num_workers=0)\n" + TRAIN)
     assert r.result.success, r.stdout
     slow = ip.user_ns["_gpuprofile"]
@@ -71,7 +78,7 @@ def test_single_process_dataloader_is_diagnosed_and_workers_fix_it(ip, run, setu
     print(f"DataLoader share: num_workers=0 {slow_share:.1f}%, num_workers=2 {fast_share:.1f}%")
     assert fast_share < slow_share / 2
 
-    r = run("%gpuprofile --compare slow fast")
+    r = show("%gpuprofile --compare slow fast")
     assert r.result.success, r.stdout
     html = r.html()
     assert "DataLoader" in html and "gpumagic" in html
@@ -116,7 +123,7 @@ def test_exception_shows_partial_profile_stops_profiler_and_propagates_once(ip, 
     assert r.result.success
 
 
-def test_schedule_trace_export_and_load(ip, run, tmp_path):
+def test_schedule_trace_export_and_load(ip, run, show, tmp_path):
     out = tmp_path / "cell.json.gz"
     r = run(
         f"%%gpuprofile -q --wait 1 --warmup 1 --active 2 --trace {out}\n"
@@ -128,10 +135,106 @@ def test_schedule_trace_export_and_load(ip, run, tmp_path):
     assert p.summary["steps"] == 2
     events = json.loads(gzip.decompress(out.read_bytes()))["traceEvents"]
     assert any(e.get("name", "").startswith("ProfilerStep") for e in events)
-    r = run(f"%gpuprofile --load {out} -o loaded")
+    r = show(f"%gpuprofile --load {out} -o loaded")
     assert r.result.success, r.stdout
     assert ip.user_ns["loaded"].summary["steps"] == 2
     assert "gpumagic" in r.html()
+
+
+MATMUL = "import torch\nx = torch.randn(64, 64) @ torch.randn(64, 64)\n"
+
+
+@pytest.fixture
+def two_runs(run, tmp_path):
+    """Runs kept as "a" and "b"; a's trace written to tmp_path/a.json.gz."""
+    for name in ("a", "b"):
+        r = run(f"%%gpuprofile -q -n {name} --trace {tmp_path / name}.json.gz\n" + MATMUL)
+        assert r.result.success, r.stdout
+    return tmp_path
+
+
+def test_compare_returns_the_comparison_shown_once_as_out(ip, show, two_runs):
+    from gpumagic.profile.compare import Comparison
+
+    r = show("%gpuprofile --compare a b")
+    assert r.result.success, r.stdout
+    comparison = ip.user_ns["_gpuprofile_compare"]
+    assert isinstance(comparison, Comparison) and r.value is comparison
+    assert ip.user_ns["Out"][r.result.execution_count] is comparison
+    assert (comparison.a.name, comparison.b.name) == ("a", "b")
+    assert r.displayed == []  # shown once, as Out[], not display()ed as well
+    assert r.reports("profile-compare") == r.out and len(r.out) == 1
+
+    r = show("cmp = %gpuprofile --compare a b -o kept")
+    assert r.result.success and r.bundles == [] and r.value is None
+    assert ip.user_ns["cmp"] is ip.user_ns["kept"] is ip.user_ns["_gpuprofile_compare"]
+
+    # a trailing ";" (a comment may follow) or --quiet: nothing shown, the result still kept
+    for silenced in ("%gpuprofile --compare a b ;", "%gpuprofile --compare a b;  # later", "%gpuprofile -q --compare a b"):
+        before = ip.user_ns["_gpuprofile_compare"]
+        r = show(silenced)
+        assert r.result.success, r.stdout
+        assert r.bundles == [] and r.value is None, silenced
+        assert ip.user_ns["_gpuprofile_compare"] is not before, silenced
+
+
+def test_load_returns_the_result_shown_once_with_its_rows(ip, show, two_runs):
+    from gpumagic.profile.result import ProfileResult
+
+    path = two_runs / "a.json.gz"
+    r = show(f"%gpuprofile --load {path} --rows 2")
+    assert r.result.success, r.stdout
+    loaded = ip.user_ns["_gpuprofile"]
+    assert isinstance(loaded, ProfileResult) and r.value is loaded
+    assert loaded.source == str(path) and "aten::mm" in set(loaded.ops["name"])
+    assert r.displayed == [] and r.reports("profile") == r.out and len(r.out) == 1
+    assert len(loaded.ops) > 2
+    assert f"top 2 of {len(loaded.ops)}" in r.out[0]["text/html"]  # --rows holds in Out[]
+    assert loaded._repr_mimebundle_() == r.out[0]  # and whenever it shows again
+
+    r = show(f"p = %gpuprofile --load {path}")
+    assert r.result.success and r.bundles == []
+    assert ip.user_ns["p"] is ip.user_ns["_gpuprofile"] and ip.user_ns["p"] is not loaded
+
+    for silenced in (f"%gpuprofile --load {path} ;", f"%gpuprofile --load {path} -q -o kept"):
+        before = ip.user_ns["_gpuprofile"]
+        r = show(silenced)
+        assert r.result.success, r.stdout
+        assert r.bundles == [] and r.value is None, silenced
+        assert ip.user_ns["_gpuprofile"] is not before, silenced
+    assert ip.user_ns["kept"] is ip.user_ns["_gpuprofile"]
+
+
+def test_cell_magic_value_and_semicolon_unchanged(show):
+    r = show("%%gpuprofile -q\n" + MATMUL + "x.shape[0]\n")
+    assert r.value == 64 and [b["text/plain"] for b in r.out] == ["64"]
+    r = show("%%gpuprofile -q\n" + MATMUL + "x.shape[0];\n")
+    assert r.result.success and r.value is None and r.bundles == []
+
+
+def test_line_forms_show_once_in_a_kernel(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    trace = tmp_path / "a.json.gz"
+    cells = [
+        "%load_ext gpumagic",
+        f"%%gpuprofile -q -n a --trace {trace}\n" + MATMUL,
+        "%%gpuprofile -q -n b\n" + MATMUL,
+        "%gpuprofile --compare a b",
+        "%gpuprofile --compare a b ;",
+        f"%gpuprofile --load {trace}",
+        f"p = %gpuprofile --load {trace}",
+        "print(type(p).__name__)",
+    ]
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
+    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+    compared, silenced, loaded, assigned, kept = (c.outputs for c in nb.cells[3:])
+    for outputs, css in ((compared, "gpumagic-profile-compare"), (loaded, "gpumagic-profile")):
+        assert [o.output_type for o in outputs] == ["execute_result"]
+        assert f'<div class="gpumagic {css}">' in outputs[0]["data"]["text/html"]
+    assert silenced == [] and assigned == []
+    assert kept[0]["text"].strip() == "ProfileResult"
 
 
 def test_schedule_that_never_records_says_why(ip, run):

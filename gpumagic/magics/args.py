@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import io
 import re
 import shlex
+import tokenize
 from typing import Any, NoReturn
 
 from IPython.core.error import UsageError
@@ -71,3 +73,27 @@ class MagicParser(argparse.ArgumentParser):
         if expect_value:
             raise self.usage_error(f"option {tokens[-1]} expects a value")
         return self.parse_args(tokens), line[pos:].strip()
+
+
+def without_silencer(line: str) -> str:
+    """A line magic's options without the trailing ``;`` that silences its ``Out[]``.
+
+    For a magic marked ``@output_can_be_silenced``, IPython drops the return value when the
+    line's last token is ``;`` (a comment may follow), but only after the magic ran, and it
+    passes the ``;`` on: ``%gpuenv ;`` calls the magic with ``";"``, which is no option.
+    This cuts the line where IPython's own test (``DisplayHook.semicolon_at_end_of_expression``)
+    finds that ``;``, so the two always agree. (``%gpuenv;`` without the space never gets
+    here: IPython looks up a magic named ``gpuenv;``, as it does for ``%time;``.)
+    """
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(line).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return line  # IPython's test tokenizes too; such a line is no silenced one
+    skip = (tokenize.ENDMARKER, tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT)
+    for tok in reversed(tokens):
+        if tok.type in skip:
+            continue
+        if tok.type == tokenize.OP and tok.string == ";" and tok.start[0] == 1:
+            return line[: tok.start[1]]
+        return line
+    return line

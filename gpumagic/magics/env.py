@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic import Magics, line_magic, magics_class, output_can_be_silenced
 
-from gpumagic.magics.args import MagicParser
+from gpumagic.magics.args import MagicParser, without_silencer
 
 PARSER = MagicParser(
     "%gpuenv",
@@ -22,8 +22,9 @@ PARSER.add_argument(
 
 @magics_class
 class EnvMagics(Magics):
+    @output_can_be_silenced
     @line_magic
-    def gpuenv(self, line: str = "") -> None:
+    def gpuenv(self, line: str = "") -> Any:
         """The GPU environment of this kernel, with known traps flagged.
 
         %gpuenv [--freeze FILE]
@@ -31,13 +32,15 @@ class EnvMagics(Magics):
         Shows GPU names and memory, the NVIDIA driver, the CUDA runtime torch was built with,
         cuDNN, NCCL, key package versions, the determinism/TF32 flags, CUDA_VISIBLE_DEVICES and
         allocator settings, usable CPUs and a suggested DataLoader num_workers. The report is
-        stored as ``_gpuenv``; ``gpumagic.env()`` returns the same report from a script.
-        --freeze writes every installed distribution pinned (the extension picks the format).
+        returned (``e = %gpuenv`` keeps it, a bare call shows it as ``Out[]``, a trailing ``;``
+        shows nothing) and stored as ``_gpuenv``; ``gpumagic.env()`` returns the same report
+        from a script. --freeze writes every installed distribution pinned (the extension picks
+        the format) and says where, above the report.
         """
         from gpumagic.environment import FreezeError, env
         from gpumagic.environment.freeze import freeze, freeze_format
 
-        opts = PARSER.parse_line(line)
+        opts = PARSER.parse_line(without_silencer(line))
         if opts.freeze is not None:
             try:  # before the slow part: a wrong extension is a typo worth failing fast on
                 freeze_format(opts.freeze)
@@ -52,8 +55,11 @@ class EnvMagics(Magics):
                 raise UsageError(f"%gpuenv --freeze: {exc}") from None
         shell: Any = self.shell
         shell.user_ns["_gpuenv"] = report
-        from IPython.display import display
-
-        display(report)
         if written is not None:
+            # The note on the file is displayed and the report returned, as for a bare
+            # %gpuenv: `e = %gpuenv --freeze f` keeps the same EnvReport, and a trailing ";"
+            # hides the long report but still says that, and where, a file was written.
+            from IPython.display import display
+
             display(written)
+        return report

@@ -12,7 +12,7 @@ from IPython.core.magic import (
     output_can_be_silenced,
 )
 
-from gpumagic.magics.args import MagicParser
+from gpumagic.magics.args import MagicParser, without_silencer
 from gpumagic.render.html import Note, Rendered, escape, wrap
 
 PARSER = MagicParser(
@@ -41,7 +41,10 @@ PARSER.add_argument(
     help="write the Chrome trace here (.json or .json.gz; opens in Perfetto)",
 )
 PARSER.add_argument(
-    "-q", "--quiet", action="store_true", help="display nothing; the result is still stored"
+    "-q",
+    "--quiet",
+    action="store_true",
+    help="display nothing (a line magic returns None); the result is still stored",
 )
 PARSER.add_argument(
     "--compare", nargs=2, metavar=("A", "B"), help="compare two named runs (line magic)"
@@ -89,6 +92,11 @@ class ProfileMagics(Magics):
         %gpuprofile --compare A B       side by side, with deltas, of two runs kept with -n
         %gpuprofile --load PATH         analyse a saved Chrome trace or per-rank directory
 
+        The line forms return their result, as ``%timeit -o`` does: ``cmp = %gpuprofile
+        --compare A B`` keeps it, a bare call shows it as ``Out[]``, and a trailing ``;``
+        (or ``--quiet``, which returns None) shows nothing. It is also stored in
+        ``_gpuprofile_compare`` / ``_gpuprofile``, and in VAR with -o.
+
         Inside the cell, ``gpumagic.step()`` marks the end of a training step (a no-op
         outside a profile); without marks each DataLoader batch starts a step, else the
         whole cell is one step. The result (``_gpuprofile``, and VAR with -o) has
@@ -96,7 +104,7 @@ class ProfileMagics(Magics):
         ``.findings`` and ``.export(path)``.
         """
         __tracebackhide__ = True
-        opts = PARSER.parse_line(line)
+        opts = PARSER.parse_line(without_silencer(line) if cell is None else line)
         for name in (opts.output, opts.name):
             if name is not None and not name.isidentifier():
                 raise PARSER.usage_error(f"{name!r}: not a valid name")
@@ -112,17 +120,16 @@ class ProfileMagics(Magics):
 
     # -- %gpuprofile --compare / --load ---------------------------------------------------------
     def _line(self, opts: Any) -> Any:
-        from IPython.display import display
-
+        # Returned, not display()ed: IPython shows the value once as Out[] (a trailing ";"
+        # drops it, through @output_can_be_silenced) and `x = %gpuprofile ...` keeps it.
+        # --quiet asks for nothing shown, and a returned value would show, so it returns None.
         if opts.compare:
             from gpumagic.profile.compare import compare
 
             a, b = (self._run_named(n) for n in opts.compare)
             comparison = compare(a, b)
             self._store(comparison, opts, kind="comparison")
-            if not opts.quiet:
-                display(comparison)
-            return None
+            return None if opts.quiet else comparison
         if opts.load:
             from gpumagic.profile.errors import TraceError
             from gpumagic.profile.load import load_trace
@@ -131,10 +138,9 @@ class ProfileMagics(Magics):
                 result = load_trace(opts.load)
             except TraceError as exc:
                 raise PARSER.usage_error(str(exc)) from None
+            result.display_rows = opts.rows  # the Out[] and any later display of it
             self._store(result, opts)
-            if not opts.quiet:
-                display(_Display(result, opts.rows))
-            return None
+            return None if opts.quiet else result
         raise PARSER.usage_error("as a line magic, give --compare A B or --load PATH")
 
     def _run_named(self, name: str) -> Any:

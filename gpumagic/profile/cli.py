@@ -41,13 +41,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TraceError as e:
         sys.stderr.write(f"gpumagic analyze: {e}\n")
         return 1
-    sys.stdout.write(text + "\n")
+    # The file before the text: when stdout is a pipe that closes early (`| head -1`), the
+    # write fails and the command ends, and the report asked for is written all the same.
+    out, failed = None, ""
     if args.html:
         try:
             out = result.export(args.html, rows=max(args.rows, 25))
         except OSError as e:
-            sys.stderr.write(f"gpumagic analyze: cannot write {args.html}: {e.strerror or e}\n")
-            return 1
+            failed = f"gpumagic analyze: cannot write {args.html}: {e.strerror or e}\n"
+    sys.stdout.write(text + "\n")
+    if failed:
+        sys.stderr.write(failed)
+        return 1
+    if out is not None:
         sys.stdout.write(f"HTML report: {out}\n")
     return 0
 

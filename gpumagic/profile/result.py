@@ -41,6 +41,9 @@ class ProfileResult(Rendered):
         self.source = source
         self.live = live
         self.name = name or Path(source).name
+        # Table rows when the result shows itself (Out[], display()); None: the renderers'
+        # defaults. %gpuprofile --load --rows N sets it on the result it returns.
+        self.display_rows: int | None = None
 
     # --- ranks -----------------------------------------------------------------------
 
@@ -205,11 +208,15 @@ class ProfileResult(Rendered):
     # --- output ----------------------------------------------------------------------
 
     def _text(self) -> str:
+        if self.display_rows is not None:
+            return self.to_text(rows=self.display_rows)
         from gpumagic.render.profile import profile_text
 
         return profile_text(self)
 
     def _html(self) -> str:
+        if self.display_rows is not None:
+            return self.to_html(rows=self.display_rows)
         from gpumagic.render.profile import profile_html
 
         return profile_html(self)
