@@ -181,6 +181,10 @@ def test_m7_cuda_recordable_needs_kineto_cuda_and_a_gpu(monkeypatch):
         assert cuda_recordable(torch) is expected
 
 
+# torch, asked for CUDA activity without a GPU, says it disables it: the situation modelled
+_NO_CUDA_WARNING = "ignore:CUDA is not available, disabling CUDA profiling:UserWarning"
+
+
 @pytest.fixture
 def cuda_believed(monkeypatch):
     """The recorder believes CUDA was recorded (and used by the cell); torch, finding no GPU,
@@ -192,6 +196,7 @@ def cuda_believed(monkeypatch):
     return record
 
 
+@pytest.mark.filterwarnings(_NO_CUDA_WARNING)
 def test_m7_cuda_recorded_but_no_gpu_events_says_so(ip, run, cuda_believed):
     r = run("%%gpuprofile\n" + MATMUL)
     assert r.result.success, r.result.error_in_exec
@@ -205,6 +210,7 @@ def test_m7_cuda_recorded_but_no_gpu_events_says_so(ip, run, cuda_believed):
     assert "gm-record-note" in r.html() and "CUPTI may be busy" in r.html()
 
 
+@pytest.mark.filterwarnings(_NO_CUDA_WARNING)
 def test_m7_cpu_only_cell_on_a_cuda_machine_gets_no_note(ip, run, cuda_believed, monkeypatch):
     # no CUDA allocation during the cell (or CUDA never initialised): it ran on the CPU
     monkeypatch.setattr(cuda_believed, "_cuda_used", lambda at_start: False)
