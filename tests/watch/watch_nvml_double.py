@@ -32,6 +32,8 @@ def gpu(
         "mem_clock": 5000,
         "throttle": 0,
         "procs": [],
+        "energy_mj": 0,  # nvmlDeviceGetTotalEnergyConsumption: a counter a test advances
+        "mig": 0,  # nvmlDeviceGetMigMode's current mode
         "unsupported": set(),  # names of nvml functions that raise NOT_SUPPORTED
         "missing": set(),  # names that raise FUNCTION_NOT_FOUND (older driver)
         "transient": set(),  # names that raise UNKNOWN on their next call only
@@ -121,6 +123,13 @@ class FakeNvml:
     def nvmlDeviceGetComputeRunningProcesses_v2(self, h: int) -> list[Any]:
         g = self._gpu("nvmlDeviceGetComputeRunningProcesses_v2", h)
         return [SimpleNamespace(pid=pid, usedGpuMemory=mem) for pid, mem in g["procs"]]
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: int) -> int:
+        return int(self._gpu("nvmlDeviceGetTotalEnergyConsumption", h)["energy_mj"])
+
+    def nvmlDeviceGetMigMode(self, h: int) -> tuple[int, int]:
+        g = self._gpu("nvmlDeviceGetMigMode", h)
+        return (g["mig"], g["mig"])
 
     def nvmlDeviceGetPcieThroughput(self, h: int, counter: int) -> int:  # must never be called
         self.calls["nvmlDeviceGetPcieThroughput"] += 1
