@@ -104,6 +104,8 @@ def check_price(price: float | str | None) -> float | None:
 def fmt_usd(value: float) -> str:
     if math.isnan(value):
         return "–"
+    if 0 < value < 0.0001:
+        return "<$0.0001"
     if value != 0 and abs(value) < 0.01:
         return f"${value:.4f}"
     return f"${value:,.2f}"
