@@ -6,8 +6,9 @@ the one shared-box users already know; unlike it, the choice is applied here: it
 ``cuda:0`` is the first chosen GPU and the numbers match nvidia-smi's.
 
 Both variables are read once, when the CUDA driver initialises in the process. That happens
-on the first CUDA call: ``torch.cuda.is_available()`` and ``torch.cuda.device_count()``
-already do it (``cudaGetDeviceCount`` runs ``cuInit``), not only a first tensor. After that
+on the first CUDA runtime call, not only at a first tensor: ``torch.cuda.is_available()``
+already does it (``cudaGetDeviceCount`` runs ``cuInit``, as torch's own comment there says;
+``device_count()`` asks NVML first in recent torch, but older releases cached its answer). After that
 a new value changes nothing for this process, so the choice refuses instead of claiming a
 GPU it cannot give. The checks never initialise CUDA themselves and never import torch: the
 driver is asked whether ``cuInit`` ran (``cuDeviceGetCount`` answers NOT_INITIALIZED until
@@ -133,7 +134,7 @@ def too_late() -> str | None:
     if _driver_initialised():
         return (
             "the CUDA driver is already initialised in this process (a torch.cuda.is_available() "
-            "or device_count() call is enough), and it reads CUDA_VISIBLE_DEVICES only then"
+            "call is enough), and it reads CUDA_VISIBLE_DEVICES only then"
         )
     return None
 

@@ -116,7 +116,9 @@ def fmt_wh(value: float) -> str:
         return "–"
     if value >= 1000:
         return f"{value / 1000:.2f} kWh"
-    return f"{value:.3g} Wh" if value < 10 else f"{value:.1f} Wh"
+    if value < 0.01:
+        return f"{value * 1000:.2f} mWh"
+    return f"{value:.2f} Wh" if value < 10 else f"{value:.1f} Wh"
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ local timestamps. pandas is imported when a frame is first asked for.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,9 @@ from gpumagic.monitor.alerts import Alert, cell_note
 if TYPE_CHECKING:
     import pandas as pd
 
+    from gpumagic.monitor.cells import CellRecord
     from gpumagic.monitor.cost import CostState
+    from gpumagic.monitor.devices import Device
     from gpumagic.monitor.snapshot import Snapshot
 
 UNITS: dict[str, str] = {m.key: m.unit for m in M.METRICS} | {
@@ -37,6 +40,14 @@ UNITS: dict[str, str] = {m.key: m.unit for m in M.METRICS} | {
 }
 
 _GPU_CELL_COLUMNS = ("peak_utilization", "mean_utilization", "peak_memory", "peak_process_memory")
+# Which GPUs a cell's utilisation is of: this process's (audit M12), or the busiest GPU's.
+_UTILIZATION_OF = "utilization_of"
+
+
+def utilization_of(cell: CellRecord, devices: Sequence[Device]) -> str:
+    """``cuda:0`` (the GPUs this process used during the cell) or ``busiest GPU``."""
+    keys = [devices[r].key for r in cell.utilization_rows if r < len(devices)]
+    return ", ".join(keys) if keys else "busiest GPU"
 
 
 def _local_times(times: np.ndarray) -> pd.DatetimeIndex:
@@ -191,6 +202,7 @@ class WatchResult:
                     "duration_us": cell.duration(self.snapshot.now) * 1e6,
                     "peak_utilization": cell.peak_utilization,
                     "mean_utilization": cell.mean_utilization,
+                    _UTILIZATION_OF: utilization_of(cell, self.snapshot.devices),
                     "peak_memory": cell.peak_memory,
                     "peak_process_memory": cell.peak_process_memory,
                     "peak_host_cpu": cell.peak_host_cpu,
@@ -206,6 +218,7 @@ class WatchResult:
             "start",
             "duration_us",
             *_GPU_CELL_COLUMNS,
+            _UTILIZATION_OF,
             "peak_host_cpu",
             "peak_host_memory",
             "samples",
@@ -216,7 +229,7 @@ class WatchResult:
         frame["execution_count"] = frame["execution_count"].astype("Int64")
         frame["start"] = _local_times(frame["start"].to_numpy(dtype=float))
         if not self.has_gpus:
-            frame = frame.drop(columns=list(_GPU_CELL_COLUMNS))
+            frame = frame.drop(columns=[*_GPU_CELL_COLUMNS, _UTILIZATION_OF])
         return _add_cost_columns(frame, self.snapshot, self.has_gpus)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:

@@ -22,7 +22,7 @@ import numpy as np
 from gpumagic.monitor import metrics as M
 from gpumagic.monitor.alerts import cell_note
 from gpumagic.monitor.cost import fmt_usd, fmt_wh
-from gpumagic.monitor.result import device_values
+from gpumagic.monitor.result import device_values, utilization_of
 from gpumagic.render.html import PALETTE, Rendered, escape, kv, table, text_table, wrap
 from gpumagic.render.svg import Band, Chart, Series, render_small_multiples
 from gpumagic.units import fmt_bytes, fmt_percent, fmt_us
@@ -445,6 +445,7 @@ def _cell_flag(cell: CellRecord) -> str:
 
 def _cell_rows(result: WatchResult) -> list[list[str]]:
     snap = result.snapshot
+    several = sum(d.kind == "gpu" for d in snap.devices) > 1
     rows = []
     for cell in snap.cells:
         head = [
@@ -456,8 +457,10 @@ def _cell_rows(result: WatchResult) -> list[list[str]]:
         if cell.samples == 0:
             tail = ["no sample"] + [""] * (3 if result.has_gpus else 1)
         elif result.has_gpus:
+            # on a box of several GPUs, say whose utilisation it is (this process's GPUs)
+            own = utilization_of(cell, snap.devices) if cell.utilization_rows and several else ""
             tail = [
-                fmt_percent(cell.peak_utilization),
+                fmt_percent(cell.peak_utilization) + (f" ({own})" if own else ""),
                 fmt_percent(cell.mean_utilization),
                 fmt_bytes(cell.peak_memory),
                 fmt_bytes(cell.peak_process_memory),
@@ -613,7 +616,7 @@ def _cost_sentences(cost: CostState | None, so_far: bool) -> list[str]:
     if cost is None:
         return []
     out = []
-    span = fmt_seconds(round(cost.metered_s, 1))
+    span = fmt_seconds(cost.metered_s)
     share = cost.idle_share
     idle = f"{fmt_percent(100.0 * share)} idle" if not math.isnan(share) else "idle share not known yet"
     if cost.price is not None:
@@ -628,7 +631,7 @@ def _cost_sentences(cost: CostState | None, so_far: bool) -> list[str]:
         out.append(f"idle means: {cost.idle_meaning}")
     if cost.unknown_s > 0:
         out.append(
-            f"{fmt_seconds(round(cost.unknown_s, 1))} could not be classed idle or busy "
+            f"{fmt_seconds(cost.unknown_s)} could not be classed idle or busy "
             "(a GPU's utilisation was missing)"
         )
     if not math.isnan(cost.energy_mj):  # when it is not, the notes say why

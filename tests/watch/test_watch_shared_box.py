@@ -156,7 +156,7 @@ def test_energy_per_cell_from_the_total_energy_counter(fake_nvml: Any) -> None:
     cell = result.cells.iloc[0]
     assert cell["energy_wh"] == pytest.approx(1.5)
     assert result.cost is not None and result.cost.energy_wh == pytest.approx(1.5)
-    assert "1.5 Wh" in repr(result)
+    assert "1.50 Wh" in repr(result)
     assert not any("energy" in n for n in result.notes)
 
 
@@ -337,7 +337,7 @@ def test_select_refuses_once_cuda_is_initialised(
 
 
 def test_select_skips_mig_gpus_and_says_so(fake_nvml: Any, clean_choice: None) -> None:
-    fake_nvml(_box(g3={"mig": 1}, g0={"mem_used": 0}))
+    fake_nvml(_box(g3={"mig_mode": 1}, g0={"mem_used": 0}))
     choice = select_gpus(1, sample_s=0, apply=False)
     assert choice.indices == [0]
     assert "MIG mode" in choice.table.set_index("index").loc[3, "why_not"]
