@@ -157,14 +157,16 @@ class CostState:
 class EnergyReader:
     """NVML's total-energy counters of the watched GPUs, summed; never raises."""
 
-    def __init__(self, module: Any, gpus: Sequence[tuple[Device, Any]]) -> None:
+    def __init__(
+        self, module: Any, gpus: Sequence[tuple[Device, Any]], unavailable: str | None = None
+    ) -> None:
         self._nv = module
         self._gpus = list(gpus)
-        self.note: str | None = None
+        self.note: str | None = unavailable
         self.errors = 0
         fn = getattr(module, "nvmlDeviceGetTotalEnergyConsumption", None) if gpus else None
         self._fn = fn
-        if gpus and fn is None:
+        if gpus and fn is None and self.note is None:
             self.note = "energy per cell not available: this nvidia-ml-py has no nvmlDeviceGetTotalEnergyConsumption"
 
     def read(self) -> float:
@@ -203,13 +205,14 @@ class CostMeter:
         price: float | None,
         idle_alert_s: float | None,
         on_idle: Callable[[Alert], object] | None = None,
+        energy_unavailable: str | None = None,
     ) -> None:
         self.price = price
         self.idle_alert_s = idle_alert_s
         self.on_idle = on_idle
         self.has_gpus = bool(gpus)
         self._gpu_rows = [i for i, d in enumerate(devices) if d.kind == "gpu"]
-        self._energy = EnergyReader(module, gpus)
+        self._energy = EnergyReader(module, gpus, energy_unavailable)
         self._prev_t: float | None = None
         self._prev_energy = math.nan
         self.energy_mj = math.nan

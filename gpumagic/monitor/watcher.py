@@ -161,6 +161,13 @@ class Watcher:
             self.price,
             self.idle_alert_s,
             on_idle,
+            # The total-energy counter is the whole board's: on a MIG instance it would count
+            # the other tenants' work as this kernel's cells.
+            energy_unavailable=(
+                "energy per cell not available: MIG instances share their board's energy counter"
+                if any(getattr(g, "mig_index", None) is not None for _, g in selection.gpus)
+                else None
+            ),
         )
         # Opened here, before any thread: an unwritable path is a ValueError naming it.
         self._log = CsvLog(log, self.devices) if log is not None else None

@@ -378,3 +378,25 @@ def test_parse_duration(text: Any, seconds: float) -> None:
 def test_parse_duration_is_strict(text: Any) -> None:
     with pytest.raises(ValueError, match="duration"):
         parse_duration(text)
+
+
+def test_on_a_mig_instance_processes_are_its_own_and_energy_is_not_claimed(
+    fake_nvml: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from test_watch_audit import MIG_A, mig_board
+
+    fake_nvml([mig_board(energy_mj=10**9)])
+    monkeypatch.setattr("gpumagic.monitor.nvml.torch_visible_uuids", lambda: None)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", MIG_A)
+    w = Watcher(cells=False, price=1.0)
+    w.sample_now()
+    status = w.status()
+    frame = status.processes
+    assert list(zip(frame["pid"], frame["gpu_memory"])) == [(os.getpid(), 3 * GIB)]
+    assert frame["this_kernel"].all()
+    assert any("MIG instances share their board's energy counter" in n for n in status.notes)
+    time.sleep(0.05)
+    w.sample_now()
+    cost = w.stop().cost
+    # NVML has no utilisation for a MIG instance: the time is neither idle nor busy.
+    assert cost is not None and cost.idle_s == 0 and cost.unknown_s == pytest.approx(cost.metered_s)
