@@ -400,3 +400,22 @@ def test_on_a_mig_instance_processes_are_its_own_and_energy_is_not_claimed(
     cost = w.stop().cost
     # NVML has no utilisation for a MIG instance: the time is neither idle nor busy.
     assert cost is not None and cost.idle_s == 0 and cost.unknown_s == pytest.approx(cost.metered_s)
+
+
+def test_gpuselect_magic_shows_the_choice_once_and_returns_it(
+    fake_nvml: Any, clean_choice: None, run: Any, ip: Any
+) -> None:
+    from gpumagic.monitor.choose import GpuChoice
+
+    fake_nvml(_box(g2={"mem_used": 0}))
+    r = run("choice = %gpuselect 1 --max-util 50%")
+    assert r.result.success, r.result.error_in_exec
+    choice = ip.user_ns["choice"]
+    assert isinstance(choice, GpuChoice) and choice.indices == [2]
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "2" and os.environ["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert r.bundles == [] and "Out[" not in r.stdout  # assigned: not shown
+    r = run("%gpuselect 2")
+    assert r.result.success and r.stdout.count(f"Out[{r.result.execution_count}]") == 1
+    assert "CUDA_VISIBLE_DEVICES=2,3" in r.stdout  # among the same four GPUs again
+    html = r.result.result._repr_mimebundle_()["text/html"]
+    assert "gpumagic" in html and "chosen: cuda:0" in html
