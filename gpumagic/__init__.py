@@ -1,7 +1,7 @@
 """gpumagic: the advanced user's GPU toolbox for PyTorch in IPython/Jupyter.
 
 ``%load_ext gpumagic`` registers ``%%memtrace``/``%memtrace``, ``%%gpuprofile``,
-``%gpuwatch`` and ``%gpuenv``. The same analyses are callable from scripts through the
+``%gpuwatch``, ``%gpuenv`` and ``%gpuselect``. The same analyses are callable from scripts through the
 names below. Importing this package is cheap: torch, pandas and matplotlib load only
 when a feature runs.
 """
@@ -21,6 +21,7 @@ _LAZY = {
     "step": ("gpumagic.profile.record", "step"),
     "watch": ("gpumagic.monitor", "watch"),
     "env": ("gpumagic.environment", "env"),
+    "select_gpus": ("gpumagic.monitor.choose", "select_gpus"),
 }
 
 __all__ = ["__version__", "load_ipython_extension", "unload_ipython_extension", *_LAZY]

@@ -25,6 +25,7 @@ from gpumagic.render.html import Rendered
 
 PYTORCH_INDEX = "https://download.pytorch.org/whl"
 FORMATS = {".txt": "requirements", ".yml": "environment", ".yaml": "environment"}
+DOCKERFILE = "dockerfile"  # a file named Dockerfile or *.Dockerfile (issue 12)
 
 
 class FreezeError(Exception):
@@ -60,6 +61,8 @@ class Build(Protocol):
     def hip_runtime(self) -> str | None: ...
     @property
     def packages(self) -> dict[str, str]: ...
+    @property
+    def cudnn(self) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ class Header:
     hip: str | None
     when: str
     by: str
+    cudnn: str | None = None
 
 
 @dataclass(repr=False)
@@ -83,8 +87,14 @@ class FreezeResult(Rendered):
     pinned: int
     commented: list[str] = field(default_factory=list)
     index_url: str | None = None
+    # A Dockerfile (format "dockerfile"): its base image and the requirements written beside it.
+    base_image: str | None = None
+    base_image_why: list[str] = field(default_factory=list)
+    requirements_path: str | None = None
 
     def _text(self) -> str:
+        if self.format == DOCKERFILE:
+            return self._dockerfile_text()
         kind = "requirements.txt" if self.format == "requirements" else "conda environment.yml"
         parts = [f"Wrote {self.pinned} pinned packages to {self.path} ({kind})."]
         if self.index_url:
@@ -97,6 +107,21 @@ class FreezeResult(Rendered):
             )
         return " ".join(parts)
 
+    def _dockerfile_text(self) -> str:
+        parts = [
+            f"Wrote {self.path} (FROM {self.base_image}; CMD starts JupyterLab on port 8888) and "
+            f"{self.pinned} pinned packages to {self.requirements_path} beside it."
+        ]
+        if self.base_image_why:
+            parts.append(self.base_image_why[0][:1].upper() + self.base_image_why[0][1:] + ".")
+        if self.index_url:
+            parts.append(f"torch comes from --index-url {self.index_url}.")
+        if self.commented:
+            parts.append("Not in the image (local installs): " + ", ".join(self.commented) + ".")
+        folder = os.path.dirname(self.path)
+        parts.append(f"Build: docker build -f {os.path.basename(self.path)} {folder}")
+        return " ".join(parts)
+
     def _html(self) -> str:
         from gpumagic.render.html import escape, wrap
 
@@ -104,12 +129,16 @@ class FreezeResult(Rendered):
 
 
 def freeze_format(path: str | os.PathLike[str]) -> str:
-    """``requirements`` or ``environment`` from the file's extension; FreezeError otherwise."""
+    """``requirements``, ``environment`` or ``dockerfile`` from the file's name; FreezeError
+    otherwise."""
+    name = Path(path).name
+    if name.lower() == "dockerfile" or name.lower().endswith(".dockerfile"):
+        return DOCKERFILE
     suffix = Path(path).suffix.lower()
     if suffix not in FORMATS:
         raise FreezeError(
-            f"{os.fspath(path)!r}: the extension chooses the format; use .txt (requirements.txt) "
-            "or .yml/.yaml (conda environment.yml)"
+            f"{os.fspath(path)!r}: the name chooses the format; use .txt (requirements.txt), "
+            ".yml/.yaml (conda environment.yml) or Dockerfile / NAME.Dockerfile (an image)"
         )
     return FORMATS[suffix]
 
@@ -128,8 +157,11 @@ def freeze(path: str | os.PathLike[str], report: Build) -> FreezeResult:
         hip=report.hip_runtime,
         when=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         by=f"gpumagic {report.packages.get('gpumagic', '')}".strip(),
+        cudnn=getattr(report, "cudnn", None),
     )
     installed = installed_distributions()
+    if fmt == DOCKERFILE:
+        return freeze_dockerfile(target, header, installed)
     if fmt == "requirements":
         text = requirements_text(installed, header)
     else:
@@ -316,3 +348,56 @@ def env_name() -> str:
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())
+
+
+def freeze_dockerfile(target: Path, header: Header, installed: list[Installed]) -> FreezeResult:
+    """Write ``target`` (a Dockerfile) and the pinned requirements beside it (issue 12)."""
+    from gpumagic.environment.docker import (
+        TORCH_FAMILY,
+        choose_base_image,
+        dockerfile_text,
+        requirements_name,
+    )
+
+    if header.hip:
+        raise FreezeError(
+            f"torch {header.torch_version} is a ROCm build: a Dockerfile is written for CUDA "
+            "(nvidia/cuda) and CPU builds only; freeze to requirements.txt instead"
+        )
+    requirements = requirements_name(target)
+    base = choose_base_image(header.cuda, header.cudnn, header.python)
+    index, _ = torch_index(header)
+    if header.torch_version is not None and index is None:
+        index = f"{PYTORCH_INDEX}/cpu" if header.cuda is None else None
+    lines = [pin_line(d) for d in installed]
+    torch_pins = [
+        line.split("  #", 1)[0]
+        for d, (line, pinned) in zip(installed, lines)
+        if canonical(d.name) in TORCH_FAMILY and pinned and " @ " not in line
+    ]
+    docker = dockerfile_text(
+        header,
+        requirements.name,
+        base,
+        index,
+        torch_pins=torch_pins,
+        has_jupyterlab=any(canonical(d.name) == "jupyterlab" for d in installed),
+        local=[d.name for d, (_, pinned) in zip(installed, lines) if not pinned],
+        dockerfile=target.name,
+    )
+    for path, text in ((requirements, requirements_text(installed, header)), (target, docker)):
+        try:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as exc:
+            raise FreezeError(f"cannot write {os.fspath(path)!r}: {exc.strerror or exc}") from exc
+    return FreezeResult(
+        path=os.path.abspath(target),
+        format=DOCKERFILE,
+        pinned=sum(1 for _, pinned in lines if pinned),
+        commented=[d.name for d, (_, pinned) in zip(installed, lines) if not pinned],
+        index_url=index,
+        base_image=base.tag,
+        base_image_why=base.why,
+        requirements_path=os.path.abspath(requirements),
+    )

@@ -18,6 +18,7 @@ MAGIC_CLASSES: list[tuple[str, str]] = [
     ("gpumagic.magics.profile", "ProfileMagics"),
     ("gpumagic.magics.watch", "WatchMagics"),
     ("gpumagic.magics.env", "EnvMagics"),
+    ("gpumagic.magics.select", "SelectMagics"),
 ]
 
 _cleanups: list[Callable[[], object]] = []

@@ -16,7 +16,9 @@ PARSER = MagicParser(
 PARSER.add_argument(
     "--freeze",
     metavar="FILE",
-    help="also pin every installed package: FILE.txt -> requirements.txt, FILE.yml/.yaml -> conda environment.yml",
+    help="also pin every installed package: FILE.txt -> requirements.txt, FILE.yml/.yaml -> conda "
+    "environment.yml, Dockerfile or NAME.Dockerfile -> an image (nvidia/cuda or python:slim base, "
+    "requirements.frozen.txt beside it, JupyterLab as CMD)",
 )
 
 
@@ -34,8 +36,9 @@ class EnvMagics(Magics):
         allocator settings, usable CPUs and a suggested DataLoader num_workers. The report is
         returned (``e = %gpuenv`` keeps it, a bare call shows it as ``Out[]``, a trailing ``;``
         shows nothing) and stored as ``_gpuenv``; ``gpumagic.env()`` returns the same report
-        from a script. --freeze writes every installed distribution pinned (the extension picks
-        the format) and says where, above the report.
+        from a script. --freeze writes every installed distribution pinned (the name picks
+        the format; ``Dockerfile`` writes an image definition and its requirements beside it)
+        and says where, above the report.
         """
         from gpumagic.environment import FreezeError, env
         from gpumagic.environment.freeze import freeze, freeze_format

@@ -30,6 +30,17 @@ PARSER.add_argument(
     "--window", type=float, default=300.0, metavar="SECONDS", help="history kept and drawn"
 )
 PARSER.add_argument("-o", "--output", metavar="VAR", help="stop: also store the result in VAR")
+PARSER.add_argument(
+    "--price",
+    metavar="DOLLARS_PER_HOUR",
+    help="what the instance costs per hour: a cost_usd on every cell, the total and the idle share",
+)
+PARSER.add_argument(
+    "--idle-alert",
+    metavar="DURATION",
+    help="alert when every GPU has been idle this long (30m, 2h, 90 = seconds) while this "
+    "kernel holds GPU memory; without a GPU, while no cell runs",
+)
 
 
 @magics_class
@@ -48,13 +59,15 @@ class WatchMagics(Magics):
         """Watch the GPUs while you work: a live chart that keeps updating while other cells run.
 
         %gpuwatch [start] [-i SECONDS] [--log FILE.csv] [--gpus 0,1] [--window SECONDS]
+                  [--price DOLLARS_PER_HOUR] [--idle-alert DURATION]
         %gpuwatch status      current values and alerts
         %gpuwatch stop [-o VAR]  a static summary, per-cell peaks and the CSV path
 
         status and stop return their result, shown once as ``Out[]`` (``res = %gpuwatch
         stop`` keeps it; a trailing ``;`` hides it). The result of stop (also ``_gpuwatch``)
         has ``.samples`` (one row per device per sample) and ``.cells`` (peak utilisation,
-        peak memory and duration per cell).
+        peak memory, duration, energy and, with --price, cost_usd per cell); status and stop
+        results have ``.processes``: who is on the watched GPUs (pid, user, memory, command).
         Without NVML or an NVIDIA GPU it watches host CPU and RAM and says why.
         ``gpumagic.watch(...)`` starts the same watcher from a script.
         """
@@ -67,11 +80,22 @@ class WatchMagics(Magics):
         opts = PARSER.parse_line(without_silencer(line))
         if opts.action == "start":
             try:
-                watcher = watch(opts.interval, opts.log, opts.gpus, opts.window, shell=self.shell)
+                watcher = watch(
+                    opts.interval,
+                    opts.log,
+                    opts.gpus,
+                    opts.window,
+                    shell=self.shell,
+                    price=opts.price,
+                    idle_alert=opts.idle_alert,
+                )
             except ValueError as exc:
                 raise PARSER.usage_error(str(exc)) from None
             start_live_view(watcher)
             return None
+        given = [f for f, v in (("--price", opts.price), ("--idle-alert", opts.idle_alert)) if v]
+        if given:
+            raise PARSER.usage_error(f"{' and '.join(given)}: given when starting, not to {opts.action}")
         running = current()
         if running is None:
             display(Note("%gpuwatch: nothing is being watched; start with %gpuwatch", "watch-note"))

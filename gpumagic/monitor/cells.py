@@ -9,6 +9,7 @@ traceback under the user's cell), so each one is guarded.
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 import time
@@ -62,6 +63,9 @@ class CellRecord:
     peak_host_memory: float = math.nan
     holds_gpu_memory: bool | None = None  # whether this process held GPU memory (None: unknown)
     utilization_rows: tuple[int, ...] = ()  # GPU rows this process used: its utilisation's source
+    # Energy of the watched GPUs while the cell ran, mJ (NaN: no counter). Issue 12; filled by
+    # the cost meter through CellMarks.add_energy, not by fold().
+    energy_mj: float = math.nan
 
     @property
     def running(self) -> bool:
@@ -264,3 +268,52 @@ class CellMarks:
                 out.append(CellRecord(**vars(r)))
             out.reverse()
             return out
+
+    # -- cost and energy (issue 12): the meter asks, on the sampler thread ------------------
+    def _overlapping(self, t0: float, t1: float) -> list[tuple[CellRecord, float]]:
+        """(record, seconds of [t0, t1] it covers) for every cell that ran in it (lock held)."""
+        out = [(r, t1 - max(t0, r.start)) for r in self._open]
+        before = 0
+        for r in reversed(self.cells):
+            if r.end is None:
+                continue  # open: counted above
+            if r.end < t0:
+                # Cells are in start order, so older ones ended earlier, except an outer cell
+                # that ran an inner one (shell.run_cell): look a few records further.
+                before += 1
+                if before >= 8:
+                    break
+                continue
+            out.append((r, min(t1, r.end) - max(t0, r.start)))
+        return [(r, covered) for r, covered in out if covered > 0]
+
+    def add_energy(self, t0: float, t1: float, mj: float) -> None:
+        """Spread ``mj`` (the watched GPUs' energy over ``[t0, t1]``) over the cells in it, in
+        proportion to their time in it: the power is taken as constant within one interval."""
+        if t1 <= t0:
+            return
+        with self._lock:
+            for record, covered in self._overlapping(t0, t1):
+                share = mj * covered / (t1 - t0)
+                record.energy_mj = share if math.isnan(record.energy_mj) else record.energy_mj + share
+
+    def busy_seconds(self, t0: float, t1: float) -> float:
+        """Seconds of ``[t0, t1]`` during which any cell ran (nested cells counted once)."""
+        with self._lock:
+            spans = sorted(
+                (max(t0, r.start), min(t1, r.end if r.end is not None else t1))
+                for r, _ in self._overlapping(t0, t1)
+            )
+        busy, reach = 0.0, t0
+        for start, end in spans:
+            start = max(start, reach)
+            if end > start:
+                busy += end - start
+                reach = end
+        return busy
+
+    def last_end(self) -> float | None:
+        """When the most recent cell ended (None: none has)."""
+        with self._lock:
+            ends = [r.end for r in itertools.islice(reversed(self.cells), 8) if r.end is not None]
+        return max(ends) if ends else None

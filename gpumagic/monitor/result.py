@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from gpumagic.monitor.cells import CellRecord
+    from gpumagic.monitor.cost import CostState
     from gpumagic.monitor.devices import Device
     from gpumagic.monitor.snapshot import Snapshot
 
@@ -33,6 +34,9 @@ UNITS: dict[str, str] = {m.key: m.unit for m in M.METRICS} | {
     "peak_process_memory": "B",
     "peak_host_cpu": "%",
     "peak_host_memory": "B",
+    "energy_wh": "Wh",
+    "cost_usd": "$",
+    "gpu_memory": "B",
 }
 
 _GPU_CELL_COLUMNS = ("peak_utilization", "mean_utilization", "peak_memory", "peak_process_memory")
@@ -87,6 +91,13 @@ class WatchStatus:
         self.notes = snapshot.notes
         self.time = snapshot.now
         self.running = snapshot.running
+        self.cost: CostState | None = snapshot.cost
+
+    @property
+    def processes(self) -> pd.DataFrame:
+        """Each watched GPU's compute processes now: pid, user, GPU memory (bytes), command
+        line, ``this_kernel``; user and command are missing for host PIDs seen from a container."""
+        return _process_frame(self.snapshot)
 
     def __getitem__(self, device: str) -> dict[str, Any]:
         """``status["cuda:0"]`` or ``status["host"]``."""
@@ -122,6 +133,12 @@ class WatchResult:
         self.samples_taken = snapshot.samples_taken
         self._samples: pd.DataFrame | None = None
         self._cells: pd.DataFrame | None = None
+        self.cost: CostState | None = snapshot.cost
+
+    @property
+    def processes(self) -> pd.DataFrame:
+        """Each watched GPU's compute processes when the result was taken (at the stop)."""
+        return _process_frame(self.snapshot)
 
     @property
     def has_gpus(self) -> bool:
@@ -213,7 +230,7 @@ class WatchResult:
         frame["start"] = _local_times(frame["start"].to_numpy(dtype=float))
         if not self.has_gpus:
             frame = frame.drop(columns=[*_GPU_CELL_COLUMNS, _UTILIZATION_OF])
-        return frame
+        return _add_cost_columns(frame, self.snapshot, self.has_gpus)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
         from gpumagic.render.watch import result_html, result_text
@@ -224,3 +241,22 @@ class WatchResult:
         from gpumagic.render.watch import result_text
 
         return result_text(self)
+
+
+def _process_frame(snapshot: Snapshot) -> pd.DataFrame:
+    from gpumagic.monitor.processes import ProcessTable
+
+    table = snapshot.processes if snapshot.processes is not None else ProcessTable()
+    return table.frame()
+
+
+def _add_cost_columns(frame: pd.DataFrame, snapshot: Snapshot, has_gpus: bool) -> pd.DataFrame:
+    """Issue 12: ``energy_wh`` per cell on the GPU path, ``cost_usd`` when a price was given."""
+    cells = snapshot.cells
+    if has_gpus:
+        frame["energy_wh"] = np.array([c.energy_mj / 3.6e6 for c in cells], dtype=float)
+    cost = snapshot.cost
+    if cost is not None and cost.price is not None:
+        hours = frame["duration_us"].to_numpy(dtype=float) / 3.6e9
+        frame["cost_usd"] = hours * cost.price
+    return frame

@@ -12,7 +12,9 @@ import numpy as np
 
 from gpumagic.monitor.alerts import Alert
 from gpumagic.monitor.cells import CellRecord
+from gpumagic.monitor.cost import CostState
 from gpumagic.monitor.devices import Device
+from gpumagic.monitor.processes import ProcessTable
 
 
 @dataclass
@@ -36,6 +38,10 @@ class Snapshot:
     samples_taken: int
     sample_cpu_s: float  # CPU seconds the samples cost, all together
     seq: int  # samples ever pushed: changes exactly when there is something new to draw
+    # Issue 12: cost and idle totals (every snapshot), and the GPUs' compute processes (read
+    # only for a status or a result: None in live frames).
+    cost: CostState | None = None
+    processes: ProcessTable | None = None
 
     @property
     def gpu_rows(self) -> list[int]:

@@ -20,6 +20,7 @@ neither IPython nor any display code (issue 8, checked by ``lint-imports``).
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import math
 import os
 import threading
@@ -32,10 +33,12 @@ import numpy as np
 from gpumagic.monitor import metrics as M
 from gpumagic.monitor.alerts import LOW_UTIL_SPAN_S, Alert, compute_alerts
 from gpumagic.monitor.cells import CellMarks
+from gpumagic.monitor.cost import CostMeter, check_price, parse_duration
 from gpumagic.monitor.csvlog import CsvLog
 from gpumagic.monitor.devices import Device
 from gpumagic.monitor.host import HostReader
 from gpumagic.monitor.nvml import GpuReader, cuda_devices_in_use, cuda_in_use, select_gpus
+from gpumagic.monitor.processes import ProcessTable, read_processes
 from gpumagic.monitor.result import WatchResult, WatchStatus
 from gpumagic.monitor.ring import Ring, capacity_for
 from gpumagic.monitor.snapshot import Snapshot
@@ -110,6 +113,11 @@ class Watcher:
     ``CUDA_VISIBLE_DEVICES``). ``cells`` registers cell marks on ``shell`` (an IPython
     shell: ``%gpuwatch`` passes its own; in a notebook, ``shell=get_ipython()``) while the
     watcher runs. Without a shell no cell is marked: this core never looks for one.
+
+    ``price`` (dollars per hour) puts a cost on every cell and on the idle time;
+    ``idle_alert`` (seconds, or ``"30m"``, ``"2h"``) raises an alert, and calls ``on_idle``
+    with it, when every watched GPU has been idle that long while this kernel holds GPU
+    memory (without a GPU: while no cell runs). See :mod:`gpumagic.monitor.cost`.
     """
 
     def __init__(
@@ -121,14 +129,23 @@ class Watcher:
         *,
         cells: bool = True,
         shell: Any = None,
+        price: float | None = None,
+        idle_alert: float | str | None = None,
+        on_idle: Callable[[Alert], object] | None = None,
     ) -> None:
         self.interval, floor_note = _check_interval(interval)
+        self.price = check_price(price)
+        self.idle_alert_s = parse_duration(idle_alert) if idle_alert is not None else None
+        if on_idle is not None and not callable(on_idle):
+            raise ValueError(f"on_idle must be callable, got {on_idle!r}")
         self.window = _check_window(window, self.interval)
         selection = select_gpus(_check_gpus(gpus))
         self.reason = selection.reason
         self._notes: list[str] = ([floor_note] if floor_note else []) + selection.notes
         pid = os.getpid()
         self._gpu_readers = [GpuReader(selection.module, d, g, pid) for d, g in selection.gpus]
+        self._nvml = selection.module
+        self._gpu_handles = [(d, g.handle) for d, g in selection.gpus]
         self._host = HostReader()
         self.devices: tuple[Device, ...] = (
             *(r.device for r in self._gpu_readers),
@@ -137,6 +154,21 @@ class Watcher:
         self._gpu_rows = list(range(len(self._gpu_readers)))
         self._host_row = len(self.devices) - 1
         self._ring = Ring(capacity_for(self.window, self.interval), len(self.devices), M.N_METRICS)
+        self._meter = CostMeter(
+            self.devices,
+            self._gpu_handles,
+            selection.module,
+            self.price,
+            self.idle_alert_s,
+            on_idle,
+            # The total-energy counter is the whole board's: on a MIG instance it would count
+            # the other tenants' work as this kernel's cells.
+            energy_unavailable=(
+                "energy per cell not available: MIG instances share their board's energy counter"
+                if any(getattr(g, "mig_index", None) is not None for _, g in selection.gpus)
+                else None
+            ),
+        )
         # Opened here, before any thread: an unwritable path is a ValueError naming it.
         self._log = CsvLog(log, self.devices) if log is not None else None
 
@@ -206,7 +238,7 @@ class Watcher:
             self.marks.close_all(self.stopped_at)
             if self._log is not None:
                 self._log.close()
-            self._result = WatchResult(self.snapshot(all_cells=True))
+            self._result = WatchResult(self._with_processes(self.snapshot(all_cells=True)))
             if _current is self:
                 _current = None
             result = self._result
@@ -308,19 +340,34 @@ class Watcher:
             samples_taken=self.samples_taken,
             sample_cpu_s=self.sample_cpu_s,
             seq=self._ring.pushed,
+            cost=self._meter.state(),
         )
 
     def status(self) -> WatchStatus:
-        """Current values of every device, active alerts and notes."""
+        """Current values of every device, active alerts, the GPUs' processes and notes."""
         if self._ring.last() is None:
             self.sample_now()
-        return WatchStatus(self.snapshot())
+        snap = self._with_processes(self.snapshot())
+        running = self.marks.running()
+        idle = self._meter.status_alert(running.start if running is not None else None)
+        if idle is not None and all(a.key != idle.key for a in snap.alerts):
+            snap = dataclasses.replace(snap, alerts=[*snap.alerts, idle])
+        return WatchStatus(snap)
 
     def result(self) -> WatchResult:
         """The summary so far, without stopping (``stop()`` returns the final one)."""
-        return (
-            self._result if self._result is not None else WatchResult(self.snapshot(all_cells=True))
-        )
+        if self._result is not None:
+            return self._result
+        return WatchResult(self._with_processes(self.snapshot(all_cells=True)))
+
+    def processes(self) -> ProcessTable:
+        """The compute processes on the watched GPUs now (nvidia-smi's bottom table)."""
+        if not self._gpu_handles:
+            return ProcessTable()
+        return read_processes(self._nvml, self._gpu_handles, os.getpid(), time.time())
+
+    def _with_processes(self, snap: Snapshot) -> Snapshot:
+        return dataclasses.replace(snap, processes=self.processes())
 
     def notes(self) -> list[str]:
         """Why some values are missing: unsupported metrics, lost GPUs, log or host errors."""
@@ -337,6 +384,10 @@ class Watcher:
             out.append(f"sampling error ({self.sample_errors} so far): {self.last_error}")
         if self._subscriber_error:
             out.append(self._subscriber_error)
+        if self._meter.energy_note:
+            out.append(self._meter.energy_note)
+        if self._meter.callback_error:
+            out.append(self._meter.callback_error)
         return out
 
     @property
@@ -371,6 +422,23 @@ class Watcher:
             self._log.write(t, block)
         self.marks.fold(t, block, self._gpu_rows, self._host_row, self._own_rows(block))
         self._update_alerts(t)
+        self._update_cost(t, block)
+
+    def _update_cost(self, t: float, block: np.ndarray) -> None:
+        # After the marks took the sample: the meter spreads energy over the cells it covers.
+        # Whether CUDA is up matters only where NVML could not tell this process's memory.
+        unknown = bool(self._gpu_rows) and bool(np.isnan(block[self._gpu_rows, M.PROC_MEM]).all())
+        self._meter.sample(t, block, self.marks, cuda_in_use() if unknown else False)
+        alert = self._meter.alert
+        if alert is None:
+            return
+        with self._state_lock:
+            self._alerts = [*self._alerts, alert]
+            first = self._alerts_seen.get(alert.key)
+            if first is None:
+                self._alerts_seen[alert.key] = (alert, t, 1)
+            else:
+                self._alerts_seen[alert.key] = (first[0], t, first[2] + 1)
 
     def _own_rows(self, block: np.ndarray) -> list[int]:
         """GPU rows this process uses: NVML lists its memory there, or (NVML cannot tell, as
@@ -475,6 +543,9 @@ def watch(
     *,
     cells: bool = True,
     shell: Any = None,
+    price: float | None = None,
+    idle_alert: float | str | None = None,
+    on_idle: Callable[[Alert], object] | None = None,
 ) -> Watcher:
     """Start watching (replacing any running watcher) and return the started ``Watcher``.
 
@@ -483,9 +554,20 @@ def watch(
     seconds of history kept in memory and drawn. ``shell``: the IPython shell whose cells
     to mark (``get_ipython()`` in a notebook; none are marked without it). Bad input
     raises ValueError before any thread starts. ``stop()`` on the watcher returns a
-    ``WatchResult``.
+    ``WatchResult``. ``price`` ($/h), ``idle_alert`` (``"30m"``) and ``on_idle(alert)``:
+    the cost of each cell and of the idle time, and an alert when the instance sits idle.
     """
-    return Watcher(interval, log, gpus, window, cells=cells, shell=shell).start()
+    return Watcher(
+        interval,
+        log,
+        gpus,
+        window,
+        cells=cells,
+        shell=shell,
+        price=price,
+        idle_alert=idle_alert,
+        on_idle=on_idle,
+    ).start()
 
 
 def current() -> Watcher | None:

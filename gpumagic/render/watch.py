@@ -21,6 +21,7 @@ import numpy as np
 
 from gpumagic.monitor import metrics as M
 from gpumagic.monitor.alerts import cell_note
+from gpumagic.monitor.cost import fmt_usd, fmt_wh
 from gpumagic.monitor.result import device_values, utilization_of
 from gpumagic.render.html import PALETTE, Rendered, escape, kv, table, text_table, wrap
 from gpumagic.render.svg import Band, Chart, Series, render_small_multiples
@@ -28,6 +29,8 @@ from gpumagic.units import fmt_bytes, fmt_percent, fmt_us
 
 if TYPE_CHECKING:
     from gpumagic.monitor.cells import CellRecord
+    from gpumagic.monitor.cost import CostState
+    from gpumagic.monitor.processes import ProcessTable
     from gpumagic.monitor.result import WatchResult, WatchStatus
     from gpumagic.monitor.snapshot import Snapshot
     from gpumagic.monitor.watcher import Watcher
@@ -387,7 +390,13 @@ class LiveFrame:
 
 def status_html(status: WatchStatus) -> str:
     snap = status.snapshot
-    body = _header(snap, "gpuwatch status", live=True) + _running_line(snap) + _notes(snap.notes)
+    body = (
+        _header(snap, "gpuwatch status", live=True)
+        + _running_line(snap)
+        + _cost_html(snap.cost, so_far=True)
+        + _processes_html(snap.processes)
+        + _notes(snap.notes)
+    )
     return wrap("watch-status", body)
 
 
@@ -404,6 +413,8 @@ def status_text(status: WatchStatus) -> str:
     if host:
         lines.append("  ".join(f"{k}: {v}" for k, v in host))
     lines.extend(f"! {a.message}" for a in status.alerts)
+    lines.extend(_cost_lines(snap.cost, so_far=True))
+    lines.extend(_processes_text(snap.processes))
     lines.extend(f"note: {n}" for n in status.notes)
     return "\n".join(lines)
 
@@ -456,7 +467,7 @@ def _cell_rows(result: WatchResult) -> list[list[str]]:
             ]
         else:
             tail = [fmt_percent(cell.peak_host_cpu), fmt_bytes(cell.peak_host_memory)]
-        rows.append([*head, *tail, _cell_flag(cell)])
+        rows.append([*head, *tail, *_cell_cost(result, cell), _cell_flag(cell)])
     return rows
 
 
@@ -502,7 +513,7 @@ def result_html(result: WatchResult) -> str:
     ]
     rows = _cell_rows(result)
     if rows:
-        headers = _CELL_HEADERS_GPU if result.has_gpus else _CELL_HEADERS_HOST
+        headers = _cell_headers(result)
         classes = [
             "gm-error" if c.success is False else ("gm-hot" if cell_note(c) else "")
             for c in snap.cells
@@ -522,6 +533,8 @@ def result_html(result: WatchResult) -> str:
             parts.append(f'<div class="gm-box gm-info">{escape(advice[0])}</div>')
     else:
         parts.append('<div class="gm-note">no cell ran while watching</div>')
+    parts.append(_cost_html(snap.cost, so_far=False))
+    parts.append(_processes_html(snap.processes, at_stop=True))
     if result.log:
         parts.append(f'<div class="gm-note">CSV log: <code>{escape(result.log)}</code></div>')
     parts.append(_notes(snap.notes))
@@ -536,11 +549,13 @@ def result_text(result: WatchResult) -> str:
     lines.extend(f"! {m}" for m in _seen_alerts(result))
     rows = _cell_rows(result)
     if rows:
-        headers = _CELL_HEADERS_GPU if result.has_gpus else _CELL_HEADERS_HOST
+        headers = _cell_headers(result)
         lines.append(text_table(headers, rows, left=(0, 1, len(headers) - 1)))
         lines.extend(_cell_advice(result))
     else:
         lines.append("no cell ran while watching")
+    lines.extend(_cost_lines(snap.cost, so_far=False))
+    lines.extend(_processes_text(snap.processes, at_stop=True))
     if result.log:
         lines.append(f"CSV log: {result.log}")
     lines.extend(f"note: {n}" for n in snap.notes)
@@ -573,3 +588,117 @@ class StoppedNote(Rendered):
 
     def _html(self) -> str:
         return wrap("watch-stopped", f'<div class="gm-note">{escape(self._line())}</div>')
+
+
+# -- cost, energy and processes (issue 12) ---------------------------------------------------
+def _cell_headers(result: WatchResult) -> list[str]:
+    headers = list(_CELL_HEADERS_GPU if result.has_gpus else _CELL_HEADERS_HOST)
+    extra = []
+    if result.has_gpus:
+        extra.append("energy")
+    cost = result.snapshot.cost
+    if cost is not None and cost.price is not None:
+        extra.append("cost")
+    return [*headers[:-1], *extra, headers[-1]]
+
+
+def _cell_cost(result: WatchResult, cell: CellRecord) -> list[str]:
+    out = []
+    if result.has_gpus:
+        out.append(fmt_wh(cell.energy_mj / 3.6e6))
+    cost = result.snapshot.cost
+    if cost is not None and cost.price is not None:
+        out.append(fmt_usd(cost.price * cell.duration(result.snapshot.now) / 3600.0))
+    return out
+
+
+def _cost_sentences(cost: CostState | None, so_far: bool) -> list[str]:
+    if cost is None:
+        return []
+    out = []
+    span = fmt_seconds(cost.metered_s)
+    share = cost.idle_share
+    idle = f"{fmt_percent(100.0 * share)} idle" if not math.isnan(share) else "idle share not known yet"
+    if cost.price is not None:
+        lead = "cost so far" if so_far else "cost"
+        line = f"{lead}: {fmt_usd(cost.total_usd)} for {span} at {fmt_usd(cost.price)}/h"
+        if not math.isnan(share):
+            line += f", {fmt_usd(cost.idle_usd)} of it ({fmt_percent(100.0 * share)}) while idle"
+        out.append(line)
+    elif cost.idle_alert_s is not None or not so_far:
+        out.append(f"{span} watched, {idle}" + ("" if so_far else " (give --price $/h for the cost)"))
+    if out:
+        out.append(f"idle means: {cost.idle_meaning}")
+    if cost.unknown_s > 0:
+        out.append(
+            f"{fmt_seconds(cost.unknown_s)} could not be classed idle or busy "
+            "(a GPU's utilisation was missing)"
+        )
+    if not math.isnan(cost.energy_mj):  # when it is not, the notes say why
+        out.append(f"energy of the watched GPUs: {fmt_wh(cost.energy_wh)}")
+    return out
+
+
+def _cost_lines(cost: CostState | None, so_far: bool) -> list[str]:
+    return _cost_sentences(cost, so_far)
+
+
+def _cost_html(cost: CostState | None, so_far: bool) -> str:
+    sentences = _cost_sentences(cost, so_far)
+    if not sentences:
+        return ""
+    items = "".join(f"<div>{escape(s)}</div>" for s in sentences)
+    return f'<div class="gm-box gm-info">{items}</div>'
+
+
+_PROCESS_HEADERS = ["GPU", "PID", "user", "GPU memory", "command", ""]
+_COMMAND_CHARS = 60
+
+
+def _process_rows(procs: ProcessTable, full: bool) -> list[list[str]]:
+    rows = []
+    for p in procs.rows:
+        command = p.command if p.command is not None else "?"
+        if not full and len(command) > _COMMAND_CHARS:
+            command = command[: _COMMAND_CHARS - 1] + "…"
+        flag = "this kernel" if p.this_kernel else p.note
+        rows.append(
+            [p.label, str(p.pid), p.user or "?", fmt_bytes(p.gpu_memory), command, flag]
+        )
+    return rows
+
+
+def _process_title(procs: ProcessTable | None, at_stop: bool) -> str:
+    when = "at the stop" if at_stop else "now"
+    n = len(procs.rows) if procs is not None else 0
+    return f"compute processes on the watched GPUs {when}: {n}"
+
+
+def _processes_html(procs: ProcessTable | None, at_stop: bool = False) -> str:
+    if procs is None or not procs.read:
+        return ""
+    parts = [f'<div class="gm-note">{escape(_process_title(procs, at_stop))}</div>']
+    if procs.rows:
+        rows = _process_rows(procs, full=True)
+        parts.append(
+            table(
+                _PROCESS_HEADERS,
+                [[escape(c) for c in r] for r in rows],
+                left=(0, 2, 4, 5),
+                code=(4,),
+                row_classes=["gm-hot" if p.this_kernel else "" for p in procs.rows],
+            )
+        )
+    for note in procs.notes:
+        parts.append(f'<div class="gm-note">{escape(note)}</div>')
+    return "".join(parts)
+
+
+def _processes_text(procs: ProcessTable | None, at_stop: bool = False) -> list[str]:
+    if procs is None or not procs.read:
+        return []
+    lines = [_process_title(procs, at_stop)]
+    if procs.rows:
+        lines.append(text_table(_PROCESS_HEADERS, _process_rows(procs, full=False), left=(0, 2, 4, 5)))
+    lines.extend(f"note: {n}" for n in procs.notes)
+    return lines

@@ -33,6 +33,7 @@ def gpu(
         "mem_clock": 5000,
         "throttle": 0,
         "procs": [],
+        "energy_mj": 0,  # nvmlDeviceGetTotalEnergyConsumption: a counter a test advances
         "unsupported": set(),  # names of nvml functions that raise NOT_SUPPORTED
         "missing": set(),  # names that raise FUNCTION_NOT_FOUND (older driver)
         "transient": set(),  # names that raise UNKNOWN on their next call only
@@ -187,6 +188,9 @@ class FakeNvml:
     def nvmlDeviceGetComputeRunningProcesses_v2(self, h: Any) -> list[Any]:
         g = self._gpu("nvmlDeviceGetComputeRunningProcesses_v2", h)
         return [SimpleNamespace(pid=pid, usedGpuMemory=mem) for pid, mem in g["procs"]]
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: Any) -> int:
+        return int(self._gpu("nvmlDeviceGetTotalEnergyConsumption", h)["energy_mj"])
 
     def nvmlDeviceGetPcieThroughput(self, h: Any, counter: int) -> int:  # must never be called
         self.calls["nvmlDeviceGetPcieThroughput"] += 1

@@ -1,0 +1,65 @@
+"""``%gpuselect``: IPython glue over :func:`gpumagic.monitor.choose.select_gpus`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from IPython.core.magic import Magics, line_magic, magics_class, output_can_be_silenced
+
+from gpumagic.magics.args import MagicParser, without_silencer
+
+PARSER = MagicParser(
+    "%gpuselect",
+    description="Pick the least-loaded GPUs of a shared box and make them this kernel's GPUs "
+    "(sets CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER=PCI_BUS_ID); run it before CUDA starts.",
+)
+PARSER.add_argument("count", nargs="?", default="1", metavar="N", help="how many GPUs (default 1)")
+PARSER.add_argument(
+    "--min-free", metavar="SIZE", help="only GPUs with at least this much free memory (8GiB, 500MiB)"
+)
+PARSER.add_argument("--max-util", metavar="PCT", help="only GPUs at most this busy (percent)")
+PARSER.add_argument(
+    "--no-others", action="store_true", help="only GPUs no other process is using"
+)
+
+
+@magics_class
+class SelectMagics(Magics):
+    @output_can_be_silenced
+    @line_magic
+    def gpuselect(self, line: str = "") -> Any:
+        """Choose the N least-loaded GPUs (free memory, utilisation, other users' processes).
+
+        %gpuselect [N] [--min-free SIZE] [--max-util PCT] [--no-others]
+
+        Sets CUDA_VISIBLE_DEVICES to the chosen GPUs (nvidia-smi's numbers) and
+        CUDA_DEVICE_ORDER=PCI_BUS_ID, shows every GPU with why it was or was not chosen, and
+        returns the choice (``c = %gpuselect 2``; ``c.indices``, ``c.table``). It must run
+        before CUDA starts in this kernel (``torch.cuda.is_available()`` starts it): after
+        that it refuses, changing nothing, as it does without an NVIDIA GPU or NVML.
+        ``gpumagic.select_gpus(...)`` does the same from a script (raising ValueError).
+        """
+        from gpumagic.monitor.choose import select_gpus
+
+        opts = PARSER.parse_line(without_silencer(line))
+        try:
+            count = int(opts.count)
+        except ValueError:
+            raise PARSER.usage_error(f"N must be a whole number of GPUs, got {opts.count!r}") from None
+        max_util: float | None = None
+        if opts.max_util is not None:
+            try:
+                max_util = float(opts.max_util.rstrip("%"))
+            except ValueError:
+                raise PARSER.usage_error(
+                    f"--max-util must be a percentage, got {opts.max_util!r}"
+                ) from None
+        try:
+            return select_gpus(
+                count,
+                min_free_memory=opts.min_free,
+                max_gpu_utilization=max_util,
+                no_others=opts.no_others,
+            )
+        except ValueError as exc:
+            raise PARSER.usage_error(str(exc)) from None
