@@ -122,7 +122,12 @@ for path in [a for a in sys.argv[1:] if not a.startswith("--")]:
     row["occupancy"] = [round(u, 3) for u in occ]
     if by_name:
         row["distributed_view"] = [
-            [round(c.computation, 1), round(c.overlap, 1), round(c.communication, 1), round(c.other, 1)]
+            [
+                round(c.computation, 1),
+                round(c.overlap, 1),
+                round(c.communication, 1),
+                round(c.other, 1),
+            ]
             for c in data.comm_overlap_costs
         ]
     print(
