@@ -465,6 +465,8 @@ class Communication:
         """Communication overlapped by computation / communication, as HTA computes it:
         over the GPU events launched before the last ProfilerStep began (HTA leaves the
         last step out as possibly incomplete), host spans likewise."""
+        if not self.present:
+            return None
         a, trace = self.a, self.trace
         gpu, host = trace.gpu, trace.host
         in_window = np.zeros(len(gpu.ts), bool)

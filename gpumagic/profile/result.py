@@ -243,7 +243,9 @@ class ProfileResult(Rendered):
             "communication_overlap_percent": comms.overlap_percent,
             "communication_exposed_us_per_step": _communication_row(a)[
                 "communication_only_us_per_step"
-            ],
+            ]
+            if comms.present
+            else 0.0,
             "communication_busy_percent": comms.busy_percent(a.steps),
             "collective_calls": len(comms.calls),
             "collective_wait_us_per_step": self._collective_waits[i],

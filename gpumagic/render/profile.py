@@ -79,7 +79,10 @@ def _headline_items(r: ProfileResult) -> list[tuple[str, str]]:
             if s["communication_busy_percent"]
             else "GPU utilisation"
         )
-        items.append((util, _pct(s["gpu_utilization_percent"])))
+        value = _pct(s["gpu_utilization_percent"])
+        if s["communication_busy_percent"] and s["communication_overlap_percent"] is not None:
+            value += f"; communication {_pct(s['communication_busy_percent'])} of the steps"
+        items.append((util, value))
         if s["sm_efficiency_percent"] is not None:
             items.append(("est. SM efficiency", _pct(s["sm_efficiency_percent"])))
         if s["achieved_occupancy_percent"] is not None:
