@@ -7,10 +7,12 @@ Runners:
   plain         - the cell through IPython's run_cell
   memtrace      - the same cell under %%memtrace --quiet
   memory_profiler - memory_profiler's line profiler on the same code as a function (the anchor)
-Runs alternate (plain, memtrace, plain, ...) and the ratio of each adjacent pair is taken,
-then the median. Time is the main thread's CPU time (torch runs single-threaded here), which
-other processes on a shared 2-core machine disturb far less than wall time (wall-time pairs
-scatter by +-10% there); wall-clock ratios are printed beside it.
+Runs alternate (plain, memtrace, plain, ...) and the ratio of each adjacent pair is taken;
+the target holds against their median, printed with the spread (min / median / max) and
+the median's 95% CI. Time is the main thread's CPU time (torch runs single-threaded here),
+which other processes on a shared 2-core machine disturb far less than wall time; the
+host's own swings hit both alike (ratios.py: why the verdict needs the CI). Wall-clock
+ratios are printed beside it.
 
     python benchmarks/bench_memtrace.py [--repeats 5] [--steps 40]
 """
@@ -26,6 +28,12 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ratios import describe, verdict  # the benchmarks' shared helper, beside this file
+
+TARGET_RATIO = 1.03  # cnn: %%memtrace against plain, main-thread CPU time
 
 SETUP = """\
 import torch
@@ -64,7 +72,7 @@ def _as_function(body: str, name: str) -> str:
     return f"def {name}():\n    global final, acc\n" + textwrap.indent(body, "    ") + "\n"
 
 
-def run(repeats: int, steps: int) -> dict[str, dict[str, float]]:
+def run(repeats: int, steps: int) -> dict[str, dict[str, Any]]:
     from IPython.core.interactiveshell import InteractiveShell
 
     os.environ.setdefault("GPUMAGIC_LIVE", "off")
@@ -108,7 +116,7 @@ def run(repeats: int, steps: int) -> dict[str, dict[str, float]]:
     def timed_cell(cell: str, label: str = "") -> float:
         return timed(label, lambda: run_cell(cell))
 
-    results: dict[str, dict[str, float]] = {}
+    results: dict[str, dict[str, Any]] = {}
     for name, cell in cells.items():
         timed_cell(cell)  # warm-up: first-call costs (kernels, allocator) out of the way
         timed_cell("%%memtrace --quiet\n" + cell)
@@ -119,17 +127,20 @@ def run(repeats: int, steps: int) -> dict[str, dict[str, float]]:
             times["memtrace"].append(timed_cell("%%memtrace --quiet\n" + cell, "memtrace"))
             if have_mprof:
                 times["memory_profiler"].append(timed("memory_profiler", mprof_funcs[name]))
-        med = {k: statistics.median(v) for k, v in times.items() if v}
+        med: dict[str, Any] = {k: statistics.median(v) for k, v in times.items() if v}
         # ratio of each adjacent pair, then the median: a burst of load from another
         # process hits one pair, not the estimate
-        med["memtrace_ratio"] = statistics.median(m / p for m, p in zip(times["memtrace"], times["plain"]))
+        pairs = {
+            "memtrace": [m / p for m, p in zip(times["memtrace"], times["plain"])],
+            "memtrace_wall": [m / p for m, p in zip(wall["memtrace"], wall["plain"])],
+        }
         if times["memory_profiler"]:
-            med["memory_profiler_ratio"] = statistics.median(
+            pairs["memory_profiler"] = [
                 m / p for m, p in zip(times["memory_profiler"], times["plain"])
-            )
-        med["memtrace_wall_ratio"] = statistics.median(
-            m / p for m, p in zip(wall["memtrace"], wall["plain"])
-        )
+            ]
+        for key, ratios in pairs.items():
+            med[f"{key}_ratio"] = statistics.median(ratios)
+        med["pairs"] = pairs
         results[name] = med
     return results
 
@@ -145,19 +156,21 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.repeats} adjacent pairs, same process; wall-clock ratio last"
     )
     print(f"{'workload':<8} {'plain':>9} {'memtrace':>9} {'ratio':>7} {'mem_prof':>9} {'ratio':>8} {'wall':>8}")
-    ok = True
     for name, med in results.items():
         plain = med["plain"]
         mt = med["memtrace_ratio"]
         mp = med.get("memory_profiler")
         mp_text = f"{mp:9.3f} {med['memory_profiler_ratio']:7.2f}x" if mp else f"{'n/a':>9} {'':>8}"
         print(f"{name:<8} {plain:9.3f} {med['memtrace']:9.3f} {mt:6.3f}x {mp_text} {med['memtrace_wall_ratio']:7.3f}x")
-        if name == "cnn" and mt > 1.03:
-            ok = False
+    print("spread of the pair ratios:")
+    for name, med in results.items():
+        for key, label in (("memtrace", "memtrace CPU"), ("memtrace_wall", "memtrace wall")):
+            print(f"  {name:<6} {label:<14} {describe(med['pairs'][key])}")
     if "memory_profiler" not in results["cnn"]:
         print("memory_profiler not installed: pip install memory_profiler (the 'bench' extra)")
-    print(f"target: cnn memtrace ratio <= 1.03 -> {'met' if ok else 'NOT met'}")
-    return 0 if ok else 1
+    failed, text = verdict(results["cnn"]["pairs"]["memtrace"], TARGET_RATIO)
+    print(f"cnn memtrace CPU ratio, {text}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

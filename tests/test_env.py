@@ -132,9 +132,18 @@ def test_env_returns_the_same_report_as_data(show, ip):
         "gpus",
         "driver",
     ):
+        if key == "gpus":
+            # used_memory is NVML's device-wide count: on a shared GPU another process can
+            # allocate between the two reports (audit T7); everything else must agree
+            d[key] = [{**g, "used_memory": None} for g in d[key]]
+            s[key] = [{**g, "used_memory": None} for g in s[key]]
         assert d[key] == s[key], key
     bundle = data._repr_mimebundle_()
-    assert bundle["text/plain"] == r.bundles[0]["text/plain"]
+    if not data.gpus:
+        assert bundle["text/plain"] == r.bundles[0]["text/plain"]
+    else:  # the used column can differ (above); the rest of the text cannot
+        strip = lambda t: [ln for ln in t.splitlines() if not ln.lstrip()[:1].isdigit()]  # noqa: E731
+        assert strip(bundle["text/plain"]) == strip(r.bundles[0]["text/plain"])
 
 
 def test_gpuenv_returns_the_report_shown_once_as_out(show, ip):
@@ -554,22 +563,99 @@ def test_environment_text_quotes_what_yaml_would_misread():
     ]
 
 
+# --- the CUDA paths on the CPU (tests/cuda_double.py and the NVML double): audit M1, M12 ---------
+
+
+@pytest.fixture
+def nvml_double(monkeypatch):
+    """install(gpus) -> FakeNvml as `import pynvml` (the watcher tests' double)."""
+    import sys
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "watch"))
+    from watch_nvml_double import FakeNvml
+
+    def install(gpus):
+        fake = FakeNvml(gpus)
+        monkeypatch.setitem(sys.modules, "pynvml", fake)
+        return fake
+
+    return install
+
+
+def _three_gpus():
+    from watch_nvml_double import MIB, gpu
+
+    return [
+        gpu("NVIDIA A", "GPU-aaaa0000-0000-0000-0000-000000000000", mem_used=100 * MIB, mem_reserved=500 * MIB, capability=(8, 0)),
+        gpu("NVIDIA B", "GPU-bbbb0000-0000-0000-0000-000000000000", mem_used=200 * MIB, capability=(8, 6)),
+        gpu("NVIDIA C", "GPU-cccc0000-0000-0000-0000-000000000000", mem_used=300 * MIB, capability=(9, 0)),
+    ]
+
+
+def test_m1_gpuenv_never_initialises_cuda(show, ip, monkeypatch, nvml_double):
+    from cuda_double import FakeCuda
+
+    nvml_double(_three_gpus())
+    cuda = FakeCuda(monkeypatch, devices=2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
+    r = show("%gpuenv")
+    assert r.result.error_in_exec is None, r.result.error_in_exec
+    assert cuda.init_attempts == []  # no get_device_properties: no _lazy_init
+    report = ip.user_ns["_gpuenv"]
+    assert [(g.index, g.name, g.source, g.capability) for g in report.gpus] == [
+        (0, "NVIDIA C", "nvml", "9.0"),  # torch's cuda:0 is NVML's GPU 2 here
+        (1, "NVIDIA A", "nvml", "8.0"),
+    ]
+    assert report.gpus[1].used_memory == 100 * 2**20  # v2: without the driver's reservation
+    text = r.bundles[0]["text/plain"]
+    assert "NVIDIA C" in text and "NVIDIA B" not in text
+    # once something else initialised CUDA, torch's own properties are read
+    cuda.initialized = True
+    r = show("%gpuenv")
+    gpus = ip.user_ns["_gpuenv"].gpus
+    assert [(g.source, g.name, g.multiprocessors) for g in gpus] == [("torch", "Fake H200", 132)] * 2
+
+
+def test_m12_gpuenv_survives_device_properties_that_raise(show, ip, monkeypatch, nvml_double):
+    from cuda_double import FakeCuda
+
+    nvml_double(_three_gpus())
+    cuda = FakeCuda(monkeypatch, devices=1)
+    cuda.initialized = True
+
+    def broken(index=0):
+        raise RuntimeError("CUDA error: unspecified launch failure")
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", broken)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    r = show("%gpuenv")
+    assert r.result.error_in_exec is None, r.result.error_in_exec  # "never raises for a missing piece"
+    assert [(g.name, g.source) for g in ip.user_ns["_gpuenv"].gpus] == [("NVIDIA A", "nvml")]
+
+
 # --- on a GPU ----------------------------------------------------------------------------------------
 
 
 @pytest.mark.gpu
 def test_gpuenv_on_a_gpu(show, ip):
+    """T7: the GPU-positive report, whichever source described the GPUs: torch's device
+    properties when CUDA was initialised before (earlier tests), NVML's otherwise (M1)."""
     r = show("%gpuenv")
     assert r.result.error_in_exec is None, r.result.error_in_exec
     report = ip.user_ns["_gpuenv"]
     text = r.bundles[0]["text/plain"]
     assert report.cuda_available
-    assert len(report.gpus) == torch.cuda.device_count()
+    assert len(report.gpus) == torch.cuda.device_count() > 0
     for g in report.gpus:
         props = torch.cuda.get_device_properties(g.index)
+        assert g.source in ("torch", "nvml"), g
         assert g.name == props.name and g.name in text
-        assert g.total_memory == props.total_memory
         assert g.capability == f"{props.major}.{props.minor}"
+        assert g.uuid is not None and g.uuid.lower().removeprefix("gpu-") == str(props.uuid).lower()
+        if g.source == "torch":
+            assert g.total_memory == props.total_memory
+        else:  # NVML counts the whole framebuffer; CUDA's totalGlobalMem leaves out a little
+            assert props.total_memory <= g.total_memory <= 1.05 * props.total_memory
     assert report.driver.present and report.driver.version
     assert report.driver.version in text
     assert report.cuda_runtime == torch.version.cuda

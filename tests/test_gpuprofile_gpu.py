@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
+import sys
+
 import pytest
 
 pytestmark = pytest.mark.gpu
+
+# GEMM kernels by family name (cuBLAS, CUTLASS, cuBLASLt's nvjet on Hopper)
+_GEMM = re.compile(r"gemm|nvjet|xmma|cutlass", re.IGNORECASE)
 
 SETUP = """\
 import torch, gpumagic
@@ -39,7 +47,9 @@ def test_training_steps_profiled_with_kernels_and_sane_findings(ip, run, cuda_se
     assert r.result.success, r.stdout
     p = ip.user_ns["_gpuprofile"]
     s = p.summary
-    assert s["steps"] == 8 and s["cpu_only"] is False
+    # 8 marked, the first (cuBLAS/cuDNN handles, lazy module loading) left out (audit M8)
+    assert s["steps"] == 7 and s["first_step_left_out"] is True and s["cpu_only"] is False
+    assert p.notes == []  # GPU events were recorded: no "no GPU events" note (audit M7)
     assert 0 < s["gpu_utilization_percent"] <= 100
     assert len(p.kernels) > 0
     assert p.breakdown.loc["Kernel", "percent"] > 0
@@ -49,7 +59,14 @@ def test_training_steps_profiled_with_kernels_and_sane_findings(ip, run, cuda_se
     assert "sync" in rules
     for f in p.findings:
         assert 0 <= f.saving_us <= s["step_time_us"] * 1.01, f
-    assert "H200" in r.html() or s.get("devices")
+    # T2: the device the report names is the one torch ran on (whatever GPU this is)
+    import torch
+
+    from gpumagic.render.html import escape
+
+    name = torch.cuda.get_device_name(torch.cuda.current_device())
+    assert s["devices"] == [name]
+    assert escape(name) in p._repr_mimebundle_()["text/html"]
 
 
 def test_pinned_non_blocking_copies_do_not_fire_pageable_memcpy(ip, run, cuda_setup):
@@ -67,16 +84,106 @@ def test_pinned_non_blocking_copies_do_not_fire_pageable_memcpy(ip, run, cuda_se
     assert "sync" not in rules
 
 
-def test_fp32_matmul_on_tensor_core_gpu_fires_tensor_cores_and_autocast_fixes_it(ip, run):
-    run("import torch, gpumagic\na = torch.randn(4096, 4096, device='cuda')\ntorch.backends.cuda.matmul.allow_tf32 = False")
+def test_m7_a_cpu_cell_in_a_gpu_session_gets_no_missing_gpu_events_note(ip, run, cuda_setup):
+    # CUDA is initialised (SETUP moved the model), but this cell allocates nothing on the GPU
+    r = run("%%gpuprofile -q\nimport torch\nx = torch.randn(64, 64) @ torch.randn(64, 64)\n")
+    assert r.result.success, r.stdout
+    p = ip.user_ns["_gpuprofile"]
+    assert p.notes == [], p.notes
+
+
+@pytest.fixture
+def ieee_matmul():
+    """fp32 matmuls without TF32, set with the API PyTorch recommends since 2.9 (audit B1)."""
+    import torch
+
+    matmul = torch.backends.cuda.matmul
+    before = matmul.fp32_precision
+    matmul.fp32_precision = "ieee"
+    yield
+    matmul.fp32_precision = before
+
+
+def _gemm_kernels(p) -> list[str]:
+    return [k for k in p.kernels["name"] if _GEMM.search(k)]
+
+
+def test_fp32_matmul_on_tensor_core_gpu_fires_tensor_cores_and_autocast_fixes_it(
+    ip, run, ieee_matmul
+):
+    import torch
+
+    from gpumagic.profile.rules import autocast_matmuls, is_tensor_core_kernel
+
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the fp32 -> TF32/bf16 advice is for Ampere and later")
+    run("import torch, gpumagic\na = torch.randn(4096, 4096, device='cuda')")
     r = run("%%gpuprofile -q -n fp32\nfor i in range(5):\n    b = a @ a\n    gpumagic.step()\ntorch.cuda.synchronize()\n")
     assert r.result.success, r.stdout
-    assert "tensor_cores" in {f.rule for f in ip.user_ns["_gpuprofile"].findings}
+    p = ip.user_ns["_gpuprofile"]
+    # T1: whatever cuBLAS picks for an IEEE fp32 GEMM (sm80/sm90 xmma ..._ffma_..., a SIMT
+    # sgemm), it runs on the CUDA cores, and the rule says so (audit B2)
+    gemm = _gemm_kernels(p)
+    assert gemm, list(p.kernels["name"])
+    assert not any(is_tensor_core_kernel(k) for k in gemm), gemm
+    rules = {f.rule: f for f in p.findings}
+    assert "tensor_cores" in rules, (gemm, sorted(rules))
+    f = rules["tensor_cores"]
+    assert f.evidence["matmul_fp32_precision"] == "ieee"  # read with the new API (audit B1)
+    assert "fp32_precision = 'tf32'" in f.snippet  # advice in the API the session uses
+
     r = run(
         "%%gpuprofile -q -n bf16\nfor i in range(5):\n    with torch.autocast('cuda', dtype=torch.bfloat16):\n"
         "        b = a @ a\n    gpumagic.step()\ntorch.cuda.synchronize()\n"
     )
     assert r.result.success, r.stdout
-    assert "tensor_cores" not in {f.rule for f in ip.user_ns["_gpuprofile"].findings}
+    p = ip.user_ns["_gpuprofile"]
+    # T1: silent for the right reason: the GEMMs ran on tensor-core kernels, and the trace
+    # (not the cell's text) shows autocast around them (audit M10)
+    gemm = _gemm_kernels(p)
+    assert gemm and all(is_tensor_core_kernel(k) for k in gemm), gemm
+    assert p.live.autocast_enabled is None
+    host = p.primary.trace.host
+    under = {host.name.at(i) for i, m in enumerate(autocast_matmuls(p.primary)) if m}
+    assert "aten::matmul" in under, sorted(under)
+    assert "tensor_cores" not in {f.rule for f in p.findings}
     r = run("%gpuprofile --compare fp32 bf16")
     assert r.result.success
+
+
+_STICKY = """\
+import json, torch
+from IPython.testing import globalipapp
+globalipapp.start_ipython()
+ip = globalipapp.get_ipython()
+ip.run_cell("%load_ext gpumagic")
+r = ip.run_cell(
+    "%%gpuprofile -q\\nimport torch\\nx = torch.zeros(4, device='cuda')\\n"
+    "y = x[torch.tensor([10], device='cuda')]\\ntorch.cuda.synchronize()\\n"
+)
+from gpumagic.profile.record import current
+print(json.dumps({
+    "error": type(r.error_in_exec).__name__,
+    "message": str(r.error_in_exec)[:300],
+    "profiler_enabled": bool(torch.autograd._profiler_enabled()),
+    "python_flag": bool(torch.autograd.profiler._is_profiler_enabled),
+    "recorder_cleared": current() is None,
+}))
+"""
+
+
+def test_m9_sticky_cuda_error_leaves_no_profiler_and_raises_the_cells_error(tmp_path):
+    """A device-side assert poisons the process's CUDA context, so it runs in a child."""
+    import os
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    child = subprocess.run(
+        [sys.executable, "-c", _STICKY], capture_output=True, text=True, timeout=300, env=env
+    )
+    lines = [ln for ln in child.stdout.splitlines() if ln.startswith("{")]
+    assert lines, child.stdout[-2000:] + child.stderr[-2000:]
+    out = json.loads(lines[-1])
+    assert "device-side assert" in out["message"], out  # the cell's own error
+    assert out["profiler_enabled"] is False and out["python_flag"] is False, out
+    assert out["recorder_cleared"] is True, out
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("gpumagic-profile-")]

@@ -81,3 +81,110 @@ def test_device_host_on_a_gpu_machine(ip, run):
     r = run("%%memtrace -q --device host\nx = torch.ones(2**24)\n")
     assert r.result.success
     assert ip.user_ns["_memtrace"].device.kind == "host"
+
+
+# -- audit findings on the GPU (issue 9) ----------------------------------------------------------
+_UNTOUCHED = r'''
+import json, torch
+from IPython.core.interactiveshell import InteractiveShell
+shell = InteractiveShell.instance()
+shell.run_cell("%load_ext gpumagic", store_history=False)
+seen = {}
+r = shell.run_cell("%%memtrace -q\nx = 1\ny = [x] * 3\n", store_history=True)
+seen["memtrace_ok"] = bool(r.success)
+seen["memtrace_device"] = shell.user_ns["_memtrace"].device.kind
+seen["after_memtrace"] = torch.cuda.is_initialized()
+r = shell.run_cell("e = %gpuenv", store_history=True)
+report = shell.user_ns["e"]
+seen["env_ok"] = bool(r.success)
+seen["env_gpus"] = [[g.name, g.source, g.total_memory] for g in report.gpus]
+seen["after_gpuenv"] = torch.cuda.is_initialized()
+from gpumagic.monitor import Watcher
+from gpumagic.monitor.nvml import cuda_in_use
+w = Watcher(cells=False)
+w.sample_now()
+w.stop()
+seen["after_watcher"] = torch.cuda.is_initialized()
+seen["in_use_before"] = cuda_in_use()
+seen["has_primary_context_api"] = hasattr(torch._C, "_cuda_hasPrimaryContext")
+torch.cuda.init()  # _lazy_init: initialised, still no context
+seen["in_use_after_lazy_init"] = cuda_in_use()
+t = torch.ones(1, device="cuda")
+seen["in_use_after_tensor"] = cuda_in_use()
+print(json.dumps(seen))
+'''
+
+
+def test_m1_t6_memtrace_gpuenv_and_the_watcher_leave_cuda_uninitialised():
+    """T6/M1, in a fresh process (this one's CUDA was initialised by the fixtures)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    out = subprocess.run(
+        [sys.executable, "-c", _UNTOUCHED],
+        cwd=Path(__file__).resolve().parents[1],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
+    )
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["memtrace_ok"] and seen["memtrace_device"] == "cuda", seen  # CUDA was tracked
+    assert seen["after_memtrace"] is False, seen
+    assert seen["env_ok"] and seen["env_gpus"], seen  # names and memory, from NVML
+    assert all(name and name != "?" and total for name, _, total in seen["env_gpus"]), seen
+    assert seen["after_gpuenv"] is False, seen
+    assert seen["after_watcher"] is False, seen
+    assert seen["in_use_before"] is False
+    assert seen["in_use_after_lazy_init"] is False, seen  # initialised is not "in use"
+    assert seen["in_use_after_tensor"] is True, seen  # a context is
+
+
+def test_m6_sync_moves_the_gpu_time_to_the_statement_that_queued_it(ip, run):
+    cell = (
+        "a = torch.randn(8192, 8192, device='cuda')\n"
+        "torch.cuda.synchronize()\n"
+        "for _ in range(20):\n"
+        "    b = a @ a\n"  # ~20 x 1.1 TFLOP: hundreds of ms of GPU work, microseconds to launch
+        "s = b.sum().item()\n"  # waits for all of it
+    )
+    # first-call costs (cuBLAS handle and workspace, lazy module loading) out of the way
+    warm = run("_w = torch.randn(8192, 8192, device='cuda')\n_w = _w @ _w\ntorch.cuda.synchronize()\n")
+    assert warm.result.success
+    ip.user_ns.pop("_w", None)
+    r = run("%%memtrace -q\n" + cell)
+    assert r.result.success, r.stdout
+    host = ip.user_ns["_memtrace"]
+    assert host.time_label == "host time" and "asynchronously" in host.time_note
+    t = host.lines.set_index("line")["time_us"]
+    assert t.loc[6] > t.loc[5], t  # without --sync the .item() is charged the matmuls
+    r = run("%%memtrace -q --sync\n" + cell)
+    assert r.result.success, r.stdout
+    synced = ip.user_ns["_memtrace"]
+    assert synced.synced and synced.time_label == "time (synced)"
+    t = synced.lines.set_index("line")["time_us"]
+    assert t.loc[5] > 10 * t.loc[6], t  # with it, the matmul line is
+    assert synced.sync_count >= 20 and synced.sync_ns / 1000 >= 0.5 * t.loc[5]
+    assert "The waits took" in synced.time_note
+    ip.user_ns.pop("a", None)
+    ip.user_ns.pop("b", None)
+
+
+def test_m2_host_oom_on_the_gpu_machine_is_a_host_report(ip, run):
+    r = run(
+        "%%memtrace -q\n"
+        "g = torch.ones(2**20, device='cuda')\n"
+        "keep = torch.ones(2**21)\n"
+        "huge = torch.empty(2**45, dtype=torch.uint8)\n"
+    )
+    assert isinstance(r.result.error_in_exec, RuntimeError)
+    t = ip.user_ns["_memtrace"]
+    assert t.device.kind == "cuda" and t.oom is not None
+    assert t.oom.device == "host" and t.oom.requested == 2**45
+    names = {h.name for h in t.oom.holders}
+    assert "keep" in names and "g" not in names  # the host's tensors, not the GPU's

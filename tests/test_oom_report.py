@@ -127,3 +127,47 @@ def test_request_and_free_that_print_alike_get_more_digits():
     )
     text = oom_text(report)
     assert "asked for 32.000 MiB; free 31.990 MiB" in text
+
+
+@pytest.mark.parametrize(
+    "make, kind",
+    [
+        (lambda t: t.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB."), "cuda"),
+        (lambda t: t.AcceleratorError("CUDA error: out of memory"), "cuda"),
+        (lambda t: RuntimeError("CUDA error: out of memory\nCompile with TORCH_USE_CUDA_DSA"), "cuda"),
+        (lambda t: RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"), "cuda"),
+        (lambda t: RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"), "cuda"),
+        (lambda t: RuntimeError("cuDNN error: CUDNN_STATUS_NOT_ENOUGH_WORKSPACE"), "cuda"),
+        (lambda t: RuntimeError("cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED"), "cuda"),
+        (lambda t: RuntimeError("cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED"), "host"),
+        (lambda t: RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes"), "host"),
+        (lambda t: MemoryError(), "host"),
+        (lambda t: t.AcceleratorError("CUDA error: an illegal memory access was encountered"), None),
+        (lambda t: RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED"), None),
+        (lambda t: ValueError("CUDA error: out of memory"), None),
+    ],
+)
+def test_m3_m2_oom_kind_follows_the_error(make, kind):
+    from gpumagic.memory.oom import oom_kind
+
+    torch = pytest.importorskip("torch")
+    exc = make(torch)
+    assert oom_kind(exc) == kind, exc
+    assert is_oom(exc) == (kind is not None)
+
+
+def test_m12_requested_is_the_allocators_rounded_size_and_says_so():
+    from gpumagic.memory.oom import oom_device_index
+
+    report = build_cuda_report(FakeOom(CUDA_MSG), cuda_stats(GiB, GiB), (GiB, 80 * GiB), "cuda:0", [])
+    assert report.requested == 2 * GiB
+    assert "rounded block size" in report.requested_note and "20 MiB" in report.requested_note
+    assert "rounded block size" in oom_text(report) and "rounded block size" in oom_html(report)
+    library = build_cuda_report(
+        FakeOom("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
+        cuda_stats(GiB, GiB), None, "cuda:0", [],
+    )
+    assert library.requested is None and "does not say" in library.requested_note
+    assert any("handle or workspace" in a for a in library.advice)
+    assert oom_device_index(FakeOom(CUDA_MSG.replace("GPU 0", "GPU 3"))) == 3
+    assert oom_device_index(FakeOom("CUDA out of memory. (GPU 1; 79.19 GiB total capacity)")) == 1

@@ -2,12 +2,17 @@
 
 Each reader returns plain values and never raises for a missing piece (no torch, no driver,
 no NVML library, an unreadable ``/proc`` file): the report says what was missing instead.
-CUDA is touched only through ``torch.cuda.is_available()`` and device properties, which
-query the driver without creating a context on any GPU (no memory is taken on it).
+torch's CUDA state is never initialised here (audit M1): ``torch.cuda.is_available()`` and
+``device_count()`` leave it alone, while ``get_device_properties()`` would run
+``_lazy_init``, after which every ``fork`` (DataLoader workers, multiprocessing) fails with
+"Cannot re-initialize CUDA in forked subprocess". So the GPUs' names and memory come from
+NVML, mapped to torch's indexes through ``CUDA_VISIBLE_DEVICES``; torch's own device
+properties are read only when something else has initialised CUDA already.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import os
 import platform
@@ -147,7 +152,7 @@ def read_torch(nvml: NvmlState | None = None) -> TorchState:
         warnings.simplefilter("always")
         state.cuda_available = bool(_try(torch.cuda.is_available, False))
         if state.cuda_available:
-            state.gpus = _torch_gpus(torch, nvml)
+            state.gpus = _try(partial(_torch_gpus, torch, nvml), [])
         if _try(torch.backends.cudnn.is_available, False):
             state.cudnn = checks.format_cudnn(_try(torch.backends.cudnn.version, None))
         if state.cuda:
@@ -200,9 +205,19 @@ def _torch_flags(torch: Any) -> dict[str, bool | str | None]:
 
 
 def _torch_gpus(torch: Any, nvml: NvmlState | None) -> list[GpuInfo]:
+    """The GPUs torch can use, by torch's index, without initialising CUDA (module docstring)."""
+    count = int(_try(torch.cuda.device_count, 0) or 0)
+    if _try(torch.cuda.is_initialized, False):
+        gpus = _try(partial(_gpus_from_torch, torch, nvml, count), None)
+        if gpus is not None:
+            return list(gpus)
+    return _gpus_from_nvml(count, nvml)
+
+
+def _gpus_from_torch(torch: Any, nvml: NvmlState | None, count: int) -> list[GpuInfo]:
     by_uuid = {_uuid_key(g.uuid): g for g in nvml.gpus} if nvml is not None else {}
     gpus = []
-    for i in range(torch.cuda.device_count()):
+    for i in range(count):
         props = torch.cuda.get_device_properties(i)
         uuid = str(props.uuid) if getattr(props, "uuid", None) is not None else None
         # NVML's used-memory counts every process's allocations; torch.cuda.mem_get_info would
@@ -220,6 +235,25 @@ def _torch_gpus(torch: Any, nvml: NvmlState | None) -> list[GpuInfo]:
                 uuid=uuid,
             )
         )
+    return gpus
+
+
+def _gpus_from_nvml(count: int, nvml: NvmlState | None) -> list[GpuInfo]:
+    """torch's ``count`` devices described by NVML, in the order ``CUDA_VISIBLE_DEVICES``
+    gives them (the NVML index is not torch's); unnamed when NVML cannot say."""
+    from gpumagic.monitor.devices import parse_visible_devices
+
+    nvml_gpus = nvml.gpus if nvml is not None else []
+    order, _ = parse_visible_devices(
+        os.environ.get("CUDA_VISIBLE_DEVICES"), [g.uuid for g in nvml_gpus]
+    )
+    gpus = []
+    for i in range(count):
+        if i < len(order) and order[i] < len(nvml_gpus):
+            seen = nvml_gpus[order[i]]
+            gpus.append(dataclasses.replace(seen, index=i))
+        else:  # e.g. a MIG instance, or NVML unavailable
+            gpus.append(GpuInfo(index=i, name="?", source="none"))
     return gpus
 
 
@@ -274,7 +308,7 @@ def read_nvml() -> NvmlState:
                 handle = pynvml.nvmlDeviceGetHandleByIndex(i)
             except Exception:  # a lost or inaccessible GPU: list the others
                 continue
-            mem = _try(partial(pynvml.nvmlDeviceGetMemoryInfo, handle), None)
+            mem = _memory_info(pynvml, handle)
             cc = _try(partial(pynvml.nvmlDeviceGetCudaComputeCapability, handle), None)
             state.gpus.append(
                 GpuInfo(
@@ -290,6 +324,18 @@ def read_nvml() -> NvmlState:
         return state
     finally:
         _try(pynvml.nvmlShutdown, None)
+
+
+def _memory_info(pynvml: Any, handle: Any) -> Any:
+    """NVML's memory info as nvidia-smi (R510+) and ``%gpuwatch`` report it (audit M11):
+    the v2 struct's "used" leaves out the driver's reserved memory, which v1's includes (a
+    few hundred MiB "used" on an idle H100). v1 only where v2 is missing."""
+    version = getattr(pynvml, "nvmlMemory_v2", None)
+    if version is not None:
+        info = _try(partial(pynvml.nvmlDeviceGetMemoryInfo, handle, version=version), None)
+        if info is not None:
+            return info
+    return _try(partial(pynvml.nvmlDeviceGetMemoryInfo, handle), None)
 
 
 def read_driver(nvml: NvmlState) -> DriverInfo:

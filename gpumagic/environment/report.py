@@ -17,8 +17,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class GpuInfo:
-    """One GPU. ``index`` is torch's device index when ``source`` is ``"torch"``, NVML's
-    (which ignores ``CUDA_VISIBLE_DEVICES``) when ``"nvml"``; memory in bytes."""
+    """One GPU; memory in bytes. ``index`` is torch's device index when the report's
+    ``cuda_available`` is True, NVML's (which ignores ``CUDA_VISIBLE_DEVICES``) otherwise.
+    ``source`` says where the name and memory came from: ``"torch"`` (its device
+    properties, read only once CUDA is initialised), ``"nvml"``, or ``"none"``."""
 
     index: int
     name: str

@@ -26,6 +26,11 @@ PARSER.add_argument(
     "-q", "--quiet", action="store_true", help="display nothing; the result is still stored"
 )
 PARSER.add_argument("--no-live", action="store_true", help="no live view while the cell runs")
+PARSER.add_argument(
+    "--sync",
+    action="store_true",
+    help="synchronise the CUDA device at each statement, so its time includes its GPU work",
+)
 
 
 @magics_class
@@ -36,7 +41,7 @@ class MemtraceMagics(Magics):
     def memtrace(self, line: str, cell: str | None = None) -> Any:
         """Per-statement memory accounting.
 
-        %%memtrace [-o NAME] [--device DEV] [--quiet] [--no-live]   (cell: one row per statement)
+        %%memtrace [-o NAME] [--device DEV] [--sync] [--quiet] [--no-live]   (one row per statement)
         %memtrace [options] STATEMENT                               (one statement)
 
         The result (``_memtrace``, and NAME with -o) has ``.lines``, a DataFrame with
@@ -44,6 +49,10 @@ class MemtraceMagics(Magics):
         host_delta_bytes, host_peak_bytes (and params/grads/optimizer/other when the
         namespace holds models), and ``.plot()``. Per-statement peaks reset the device's
         peak counter (``torch.cuda.max_memory_allocated``) at each statement.
+
+        On CUDA the ``time`` column is host time (kernels run asynchronously); ``--sync``
+        waits for the device at each statement boundary so each time includes the GPU work
+        the statement queued, and the report says what those waits cost.
         """
         __tracebackhide__ = True
         from gpumagic.cell import execute, prepare
@@ -66,7 +75,7 @@ class MemtraceMagics(Magics):
         shell: Any = self.shell
         prepared = prepare(shell, source, header, instrument=True)
         try:
-            session = TraceSession(prepared.statements, shell.user_ns, opts.device)
+            session = TraceSession(prepared.statements, shell.user_ns, opts.device, sync=opts.sync)
         except DeviceError as exc:
             raise PARSER.usage_error(str(exc)) from None
         live = LiveView(

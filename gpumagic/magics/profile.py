@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from IPython.core.magic import (
@@ -36,6 +35,11 @@ PARSER.add_argument(
 PARSER.add_argument("--warmup", type=int, metavar="N", help="schedule: warm-up steps")
 PARSER.add_argument("--active", type=int, metavar="N", help="schedule: steps to record")
 PARSER.add_argument(
+    "--keep-first",
+    action="store_true",
+    help="keep the first gpumagic.step() step (first-call setup) in the step statistics",
+)
+PARSER.add_argument(
     "--trace",
     metavar="PATH",
     help="write the Chrome trace here (.json or .json.gz; opens in Perfetto)",
@@ -53,8 +57,6 @@ PARSER.add_argument(
     "--load", metavar="PATH", help="analyse a saved trace file or per-rank directory (line magic)"
 )
 
-_AUTOCAST = re.compile(r"\bautocast\b")
-
 
 class _Display(Rendered):
     """A result shown with a chosen number of table rows, and an optional note on top."""
@@ -69,7 +71,8 @@ class _Display(Rendered):
     def _html(self) -> str:
         html = self.result.to_html(rows=self.rows)
         if self.note:
-            html = wrap("profile-note", f'<div class="gm-box">{escape(self.note)}</div>') + html
+            note = escape(self.note).replace("\n", "<br>")
+            html = wrap("profile-note", f'<div class="gm-box">{note}</div>') + html
         return html
 
 
@@ -88,7 +91,7 @@ class ProfileMagics(Magics):
         """Profile a cell under torch.profiler: step-time breakdown, GPU idle, tables, diagnosis.
 
         %%gpuprofile [-n NAME] [-o VAR] [--rows N] [--memory] [--shapes] [--stack] [--flops]
-                     [--wait N --warmup N --active N] [--trace PATH] [--quiet]
+                     [--wait N --warmup N --active N] [--keep-first] [--trace PATH] [--quiet]
         %gpuprofile --compare A B       side by side, with deltas, of two runs kept with -n
         %gpuprofile --load PATH         analyse a saved Chrome trace or per-rank directory
 
@@ -99,9 +102,11 @@ class ProfileMagics(Magics):
 
         Inside the cell, ``gpumagic.step()`` marks the end of a training step (a no-op
         outside a profile); without marks each DataLoader batch starts a step, else the
-        whole cell is one step. The result (``_gpuprofile``, and VAR with -o) has
-        ``.summary``, ``.breakdown``, ``.steps``, ``.ops``, ``.kernels``, ``.idle``,
-        ``.findings`` and ``.export(path)``.
+        whole cell is one step. Without a schedule the first marked step (first-call setup:
+        cuBLAS/cuDNN handles, lazy CUDA module loading, autotuning) is left out of the step
+        statistics when others follow; ``--keep-first`` keeps it. The result (``_gpuprofile``,
+        and VAR with -o) has ``.summary``, ``.breakdown``, ``.steps``, ``.ops``, ``.kernels``,
+        ``.idle``, ``.findings``, ``.notes`` and ``.export(path)``.
         """
         __tracebackhide__ = True
         opts = PARSER.parse_line(without_silencer(line) if cell is None else line)
@@ -158,9 +163,7 @@ class ProfileMagics(Magics):
     def _profile(self, opts: Any, cell: str, line: str) -> Any:
         __tracebackhide__ = True
         from gpumagic.cell import execute, prepare
-        from gpumagic.profile.live import capture_live_state
-        from gpumagic.profile.load import load_trace
-        from gpumagic.profile.record import Recorder, RecordError, RecordOptions
+        from gpumagic.profile.record import Recorder, RecordOptions
         from gpumagic.render.live import LiveView
 
         shell: Any = self.shell
@@ -192,50 +195,118 @@ class ProfileMagics(Magics):
             value = execute(shell, prepared)
         except BaseException as exc:
             error = exc
-        trace = None
-        record_error = ""
+        result: Any = None
+        problems: list[str] = []
+        analysed = False
         try:
-            trace = recorder.stop()
-        except RecordError as exc:
-            record_error = str(exc)
-        result = None
-        try:
-            if trace is not None:
-                state = capture_live_state(shell.user_ns, True if _AUTOCAST.search(cell) else None)
-                result = load_trace(
-                    trace, state, step_marks=recorder.marked_steps, mark_limit=recorder.mark_limit
-                )
-                result.name = opts.name or result.name
-                if opts.trace:
-                    recorder.save(opts.trace)
+            result, problems, analysed = self._collect(recorder, opts)
+        except Exception as exc:  # our bug: it must not hide the cell's own outcome (audit B1)
+            problems.append(f"the profile could not be built ({type(exc).__name__}: {exc})")
         finally:
+            # Whatever failed after the cell ran, the live line ends, the temporary trace
+            # goes, and the cell's own exception (or value) is what the cell gives.
             recorder.cleanup()
-        note = ""
-        if error is not None:
-            note = f"The cell failed ({type(error).__name__}: {error}); the profile covers what ran before."
-        if result is not None:
-            self._store(result, opts)
-            if opts.name:
-                self.runs[opts.name] = result
-        elif not record_error:
-            record_error = "no profile was recorded"
-        shown: Any = None
-        if not opts.quiet:
-            if result is not None:
-                shown = _Display(result, opts.rows, note)
-            else:
-                shown = Note(f"%%gpuprofile: {record_error}", "profile-note", box=True)
-        live.finish(shown, display_if_off=True)
-        self.last_live_frames = live.pushes
+            shown = self._shown(opts, error, result if analysed else None, problems)
+            live.finish(shown, display_if_off=True)
+            self.last_live_frames = live.pushes
         if error is not None:
             raise error
         return value
+
+    def _collect(self, recorder: Any, opts: Any) -> tuple[Any, list[str], bool]:
+        """Stop the recorder and analyse its trace: (result or None, problems, analysed).
+
+        Each step that can fail after the cell ran is caught on its own and said, so what
+        can be kept is kept: a profile without the session's settings, a trace whose
+        analysis failed (left on disk, named in the note)."""
+        from gpumagic.profile.live import capture_live_state
+        from gpumagic.profile.load import load_trace
+
+        problems: list[str] = []
+        try:
+            trace = recorder.stop()
+        except Exception as exc:  # RecordError, or what torch raised stopping (audit M9)
+            return None, [_reason(exc)], False
+        state = None
+        try:
+            state = capture_live_state(self.shell.user_ns)  # type: ignore[union-attr]
+        except Exception as exc:
+            problems.append(
+                f"the session's settings could not be read ({_reason(exc)}); "
+                "the diagnosis uses the trace alone"
+            )
+        saved = None
+        if opts.trace:
+            try:
+                saved = recorder.save(opts.trace)
+            except Exception as exc:
+                problems.append(f"the trace could not be written to {opts.trace} ({_reason(exc)})")
+        result = None
+        try:
+            # Without a schedule the first marked step holds the first-call setup (audit M8).
+            skip_first = (
+                recorder.marked_steps and not recorder.options.scheduled and not opts.keep_first
+            )
+            result = load_trace(
+                trace,
+                state,
+                step_marks=recorder.marked_steps,
+                mark_limit=recorder.mark_limit,
+                skip_first=skip_first,
+            )
+            result.name = opts.name or result.name
+            self._store(result, opts)
+            if opts.name:
+                self.runs[opts.name] = result
+            st = result.primary.steps
+            in_trace = len(st) + int(st.first_left_out) + st.dropped
+            result.notes = recorder.notes(
+                result.primary.trace, in_trace if st.source == "ProfilerStep" else 0
+            )
+            # analyse now, so a failure is told here and not by a traceback in the report
+            _ = result.summary, result.findings
+        except Exception as exc:
+            try:
+                kept = (
+                    f"the trace is kept at {saved or recorder.keep()} "
+                    "(%gpuprofile --load PATH, or open it in Perfetto)"
+                )
+            except Exception as keep_exc:
+                kept = f"the trace could not be kept ({_reason(keep_exc)})"
+            problems.append(
+                f"the analysis failed ({_reason(exc)}); {kept}"
+                + ("; the partial result is in _gpuprofile" if result is not None else "")
+            )
+            return result, problems, False
+        return result, problems, True
+
+    @staticmethod
+    def _shown(opts: Any, error: BaseException | None, result: Any, problems: list[str]) -> Any:
+        if opts.quiet:
+            return None
+        notes = []
+        if error is not None:
+            notes.append(
+                f"The cell failed ({type(error).__name__}: {error}); the profile covers what ran before."
+            )
+        notes += [f"%%gpuprofile: {p}" for p in problems]
+        if result is not None:
+            return _Display(result, opts.rows, "\n".join(notes))
+        if not problems:
+            notes.append("%%gpuprofile: no profile was recorded")
+        return Note("\n".join(notes), "profile-note", box=True)
 
     def _store(self, result: Any, opts: Any, kind: str = "profile") -> None:
         ns = self.shell.user_ns  # type: ignore[union-attr]
         ns["_gpuprofile" if kind == "profile" else "_gpuprofile_compare"] = result
         if opts.output:
             ns[opts.output] = result
+
+
+def _reason(exc: BaseException) -> str:
+    from gpumagic.profile.record import RecordError
+
+    return str(exc) if isinstance(exc, RecordError) else f"{type(exc).__name__}: {exc}"
 
 
 def _live_line(recorder: Any) -> str:

@@ -6,7 +6,7 @@ from typing import Any
 
 from IPython.core.magic import Magics, line_magic, magics_class, output_can_be_silenced
 
-from gpumagic.magics.args import MagicParser
+from gpumagic.magics.args import MagicParser, without_silencer
 from gpumagic.render.html import Note
 
 PARSER = MagicParser(
@@ -63,9 +63,8 @@ class WatchMagics(Magics):
         from gpumagic.monitor import current, watch
         from gpumagic.render.watch_live import start_live_view
 
-        # "%gpuwatch stop;": IPython passes the ";" on and drops the Out[] itself.
-        stripped = line.rstrip()
-        opts = PARSER.parse_line(stripped[:-1] if stripped.endswith(";") else line)
+        # "%gpuwatch stop ;": IPython passes the ";" on and drops the Out[] itself.
+        opts = PARSER.parse_line(without_silencer(line))
         if opts.action == "start":
             try:
                 watcher = watch(opts.interval, opts.log, opts.gpus, opts.window, shell=self.shell)

@@ -32,9 +32,12 @@ class Holder:
 
 def device_filter(kind: str, index: int = -1) -> Callable[[Any], bool]:
     """A predicate on tensors: on the host (``kind="host"``) or on ``cuda:index``."""
+    # On the probe path for every parameter, gradient and optimizer state (ModelMemory):
+    # ``t.device`` builds a torch.device object per call, ``is_cuda``/``get_device()`` read
+    # the tensor's fields (audit S2).
     if kind == "cuda":
-        return lambda t: t.device.type == "cuda" and (t.device.index or 0) == index
-    return lambda t: t.device.type == "cpu"
+        return lambda t: t.is_cuda and t.get_device() == index
+    return lambda t: t.is_cpu
 
 
 def _storage_key(t: Any) -> tuple[int, int]:

@@ -41,18 +41,62 @@ FRAGMENTATION_SHARE = 0.2
 FRAGMENTATION_MIN_BYTES = 256 * 2**20
 
 
-def is_oom(exc: BaseException) -> bool:
-    """True for a CUDA OOM, torch's host allocator failing, or ``MemoryError``."""
-    if isinstance(exc, MemoryError):
-        return True
+# Out-of-memory errors that do not come through the caching allocator's own OutOfMemoryError
+# (audit M3): the CUDA runtime failing an allocation (context creation, NCCL, a kernel's
+# local memory: ``torch.AcceleratorError: CUDA error: out of memory``), and the CUDA libraries
+# failing to get their handles or workspaces. Each leaves the failed call's frames pinned by
+# the traceback exactly like an allocator OOM, so each gets the report and the release.
+_CUDA_OOM_TEXT = re.compile(
+    r"CUDA out of memory"
+    r"|CUDA error: out of memory"
+    r"|cudaErrorMemoryAllocation"
+    r"|\bCU(?:BLAS|SOLVER|SPARSE)_STATUS_ALLOC_FAILED\b"
+    r"|\bCUFFT_ALLOC_FAILED\b"
+    r"|\bCUDNN_STATUS_(?:ALLOC_FAILED|\w*DEVICE_ALLOCATION_FAILED|\w*NOT_ENOUGH_WORKSPACE\w*"
+    r"|\w*INSUFFICIENT_WORKSPACE\w*)\b"
+)
+# Host memory running out inside torch (its CPU allocator) or inside cuDNN's host side.
+_HOST_OOM_TEXT = re.compile(
+    r"DefaultCPUAllocator: can't allocate memory|\bCUDNN_STATUS_\w*HOST_ALLOCATION_FAILED\b"
+)
+# "GPU 0 has a total capacity of ..." (torch >= 2.1) or "(GPU 0; 79.19 GiB total capacity; ...)"
+_CUDA_OOM_DEVICE = re.compile(r"\bGPU (\d+)(?: has a total capacity|;)")
+
+
+def oom_kind(exc: BaseException) -> str | None:
+    """``"cuda"`` or ``"host"``: which memory ran out, read from the error itself; None when
+    ``exc`` is no out-of-memory error.
+
+    The report follows the error, not the device being traced (audit M2): a host
+    allocation failing on a GPU machine is a host report, with host numbers and the CPU
+    tensors that hold the memory.
+    """
+    if isinstance(exc, MemoryError):  # numpy's _ArrayMemoryError included
+        return "host"
+    if not isinstance(exc, RuntimeError):  # torch.OutOfMemoryError and AcceleratorError are
+        return None
+    text = str(exc)
+    if _CUDA_OOM_TEXT.search(text):
+        return "cuda"
+    if _HOST_OOM_TEXT.search(text):
+        return "host"
     torch = sys.modules.get("torch")
     oom_type = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
     if oom_type is not None and isinstance(exc, oom_type):
-        return True
-    if isinstance(exc, RuntimeError):
-        text = str(exc)
-        return "DefaultCPUAllocator: can't allocate memory" in text or "CUDA out of memory" in text
-    return False
+        # Another backend's allocator (MPS shares the host's memory): not CUDA's.
+        return "host"
+    return None
+
+
+def is_oom(exc: BaseException) -> bool:
+    """True for any out-of-memory error :func:`oom_kind` recognises."""
+    return oom_kind(exc) is not None
+
+
+def oom_device_index(exc: BaseException) -> int | None:
+    """The CUDA index a caching-allocator OOM message names ("GPU 1 has a total capacity")."""
+    m = _CUDA_OOM_DEVICE.search(str(exc))
+    return int(m.group(1)) if m else None
 
 
 def requested_bytes(message: str) -> int | None:
@@ -86,6 +130,7 @@ class OomReport:
     address_limit: int | None = None  # an RLIMIT_AS cap that made the host run out
     address_used: int | None = None
     advice: list[str] = field(default_factory=list)
+    requested_note: str = ""  # how to read ``requested`` (the allocator's rounded size)
 
     @property
     def limit_note(self) -> str:
@@ -142,9 +187,22 @@ def build_cuda_report(
         unnamed_bytes=unnamed[0],
         unnamed_count=unnamed[1],
         released=released,
+        requested_note=_cuda_request_note(str(exc)),
     )
     report.advice = advice(report, cuda=True, retries=int(stats.get("num_alloc_retries", 0)))
     return report
+
+
+def _cuda_request_note(message: str) -> str:
+    if _CUDA_ASK.search(message):
+        # CUDACachingAllocator names alloc_size, not the tensor's size (audit M12): a request
+        # up to 1 MiB asks for a 2 MiB block, up to 10 MiB for 20 MiB, a larger one is
+        # rounded up to 2 MiB.
+        return (
+            "the caching allocator's rounded block size, not the tensor's: up to 1 MiB asks "
+            "for 2 MiB, up to 10 MiB for 20 MiB, larger sizes round up to 2 MiB"
+        )
+    return "the error does not say how much was asked for"
 
 
 def build_host_report(
@@ -212,6 +270,12 @@ def advice(report: OomReport, cuda: bool, retries: int = 0) -> list[str]:
             "(the default since torch 2.0) instead of zeroing them."
         )
     if cuda:
+        if re.search(r"CU(?:BLAS|SOLVER|SPARSE|DNN)_STATUS|CUFFT_ALLOC", report.exception):
+            out.append(
+                "A CUDA library could not get memory for its handle or workspace, outside "
+                "torch's allocator: torch.cuda.empty_cache() before the call hands the "
+                "allocator's cached blocks back to the driver for it."
+            )
         out.append(
             "Drop references you no longer need (del x), then torch.cuda.empty_cache() "
             "to hand the cached blocks back."

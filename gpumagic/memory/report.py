@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from gpumagic.cell import Statement
 from gpumagic.memory.oom import OomReport
 from gpumagic.render.html import Rendered
+from gpumagic.units import fmt_count, fmt_us
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -64,6 +65,10 @@ class MemTrace(Rendered):
     error: str = ""  # "ZeroDivisionError: division by zero"
     oom: OomReport | None = None
     live_frames: int = 0  # frames the live view pushed while the cell ran
+    notes: list[str] = field(default_factory=list)  # caveats on how to read the numbers
+    synced: bool = False  # --sync: each boundary waited for the traced CUDA device
+    sync_count: int = 0  # boundaries that waited (CUDA initialised by then)
+    sync_ns: int = 0  # time spent in those waits, all together
     _lines: Any = field(default=None, repr=False)
 
     @classmethod
@@ -74,6 +79,7 @@ class MemTrace(Rendered):
         error: str = "",
         oom: OomReport | None = None,
         host_method: str = "",
+        notes: list[str] | None = None,
     ) -> MemTrace:
         return cls(
             statements=tracer.statements,
@@ -101,12 +107,44 @@ class MemTrace(Rendered):
             error_index=error_index,
             error=error,
             oom=oom,
+            notes=list(notes or []),
+            synced=tracer.sync_requested and tracer.device.kind == "cuda",
+            sync_count=tracer.syncs,
+            sync_ns=tracer.sync_ns,
         )
 
     # -- data ----------------------------------------------------------------------------------
     @property
     def has_breakdown(self) -> bool:
         return any(p is not None for p in self.parts)
+
+    @property
+    def time_label(self) -> str:
+        """What the ``time`` column measures: CUDA kernels run asynchronously, so without
+        ``--sync`` a statement's time on a CUDA run is the host's (launching, not running,
+        its kernels) and the next statement that waits for the GPU is charged its work."""
+        if self.device.kind != "cuda":
+            return "time"
+        return "time (synced)" if self.synced else "host time"
+
+    @property
+    def time_note(self) -> str:
+        """One sentence on the ``time`` column for CUDA runs ("" on the host)."""
+        if self.device.kind != "cuda":
+            return ""
+        if not self.synced:
+            return (
+                "Host time: CUDA kernels run asynchronously, so a statement's time is what the "
+                "host spent launching its work, and a later statement that waits for the GPU "
+                "(.item(), print, a copy to the CPU) is charged for it; %%memtrace --sync "
+                "times each statement's GPU work."
+            )
+        return (
+            f"--sync: the device was synchronised at {fmt_count(self.sync_count)} statement "
+            f"boundaries, so each time includes the GPU work its statement queued. The waits "
+            f"took {fmt_us(self.sync_ns / 1000)} in all: the host no longer runs ahead of the "
+            "GPU, so the cell runs up to that much longer than without --sync."
+        )
 
     @property
     def net_change(self) -> int:

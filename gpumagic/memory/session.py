@@ -18,8 +18,15 @@ from gpumagic.memory.holders import (
     named_tensors,
     unnamed_tensor_bytes,
 )
-from gpumagic.memory.oom import OomReport, build_cuda_report, build_host_report, is_oom
-from gpumagic.memory.probes import CudaMemory, HostMemory
+from gpumagic.memory.oom import (
+    OomReport,
+    build_cuda_report,
+    build_host_report,
+    is_oom,
+    oom_device_index,
+    oom_kind,
+)
+from gpumagic.memory.probes import CudaMemory, HostMemory, allocator_backend_note
 from gpumagic.memory.report import MemTrace
 from gpumagic.memory.tracer import Device, MemoryTracer
 
@@ -48,12 +55,27 @@ def available_devices() -> list[str]:
 
 def resolve_device(spec: str | None, host: HostMemory) -> tuple[Device, CudaMemory | HostMemory]:
     """The device to track and its reader. ``spec``: None (CUDA if there is one), ``host``,
-    ``cpu``, ``cuda`` or ``cuda:N``."""
+    ``cpu``, ``cuda`` or ``cuda:N``.
+
+    Never initialises torch's CUDA state (audit M1): ``torch.cuda.current_device()`` and
+    the device's name would run ``_lazy_init``, which also makes every later ``fork``
+    (DataLoader workers, multiprocessing) fail with "Cannot re-initialize CUDA in forked
+    subprocess" in a kernel whose cell never touched the GPU. Until CUDA is initialised the
+    current device is 0 (``torch.cuda.set_device`` initialises it), and the device's
+    name is read at the end of the cell if the cell initialised CUDA.
+    """
     torch = _torch()
     choice = (spec or "").strip().lower()
     cuda_ok = torch is not None and torch.cuda.is_available()
     if choice in ("", "auto") and cuda_ok:
-        choice = f"cuda:{torch.cuda.current_device()}"
+        try:
+            return _cuda_device("cuda", torch)
+        except Exception as exc:  # e.g. a broken driver behind PYTORCH_NVML_BASED_CUDA_CHECK=1
+            why = (
+                f"CUDA is available but unusable ({type(exc).__name__}: {exc}): "
+                f"host RSS, {host.why}"
+            )
+            return Device("host", "host RSS", why), host
     if choice.startswith("cuda"):
         index_text = choice[5:] if choice.startswith("cuda:") else ""
         if (
@@ -64,18 +86,14 @@ def resolve_device(spec: str | None, host: HostMemory) -> tuple[Device, CudaMemo
             raise DeviceError(
                 f"unknown device {spec!r}; devices here: {', '.join(available_devices())}"
             )
-        index = int(index_text) if index_text else torch.cuda.current_device()
-        if index >= torch.cuda.device_count():
+        try:
+            return _cuda_device(choice, torch)
+        except DeviceError:
+            raise
+        except Exception as exc:
             raise DeviceError(
-                f"unknown device {spec!r}; devices here: {', '.join(available_devices())}"
-            )
-        reader = CudaMemory(torch, index)
-        why = (
-            "CUDA caching allocator counters (torch.cuda.memory_stats); per-statement peaks "
-            "reset torch.cuda's peak counter at each statement"
-        )
-        label = f"cuda:{index} ({reader.name})" if reader.name else f"cuda:{index}"
-        return Device("cuda", label, why, index), reader
+                f"device {spec!r} is unusable: {type(exc).__name__}: {exc}"
+            ) from None
     if choice not in ("", "auto", "host", "cpu"):
         raise DeviceError(
             f"unknown device {spec!r}; devices here: {', '.join(available_devices())}"
@@ -93,14 +111,45 @@ def resolve_device(spec: str | None, host: HostMemory) -> tuple[Device, CudaMemo
     return Device("host", "host RSS", why), host
 
 
+def _cuda_device(choice: str, torch: Any) -> tuple[Device, CudaMemory]:
+    """``cuda`` (the current device) or ``cuda:N``, without initialising CUDA."""
+    if choice == "cuda":
+        index = int(torch.cuda.current_device()) if torch.cuda.is_initialized() else 0
+    else:
+        index = int(choice[5:])
+    if index >= torch.cuda.device_count():
+        raise DeviceError(f"unknown device {choice!r}; devices here: {', '.join(available_devices())}")
+    reader = CudaMemory(torch, index)
+    reader.read()  # fails here, before the cell runs, if the allocator cannot be read
+    return cuda_device(reader), reader
+
+
+def cuda_device(reader: CudaMemory) -> Device:
+    """The ``Device`` for a CUDA reader, labelled with its name once that is known."""
+    why = (
+        "CUDA caching allocator counters (torch.cuda.memory_stats_as_nested_dict); "
+        "per-statement peaks reset torch.cuda's peak counter at each statement"
+    )
+    index = reader.index
+    label = f"cuda:{index} ({reader.name})" if reader.name else f"cuda:{index}"
+    return Device("cuda", label, why, index)
+
+
 class TraceSession:
-    """Trace one cell: ``probe`` goes to :func:`gpumagic.cell.execute`; ``finish`` makes the result."""
+    """Trace one cell: ``probe`` goes to :func:`gpumagic.cell.execute`; ``finish`` makes the result.
+
+    ``sync``: synchronise the traced CUDA device at every statement boundary, so each
+    statement's time includes the GPU work it queued (kernels run asynchronously: without
+    it, a statement's time is the host's, and the next statement that waits for the GPU is
+    charged for the work). It has no effect when the host is traced.
+    """
 
     def __init__(
         self,
         statements: Sequence[Statement],
         namespace: Mapping[str, Any],
         device: str | None = None,
+        sync: bool = False,
     ) -> None:
         self.host = HostMemory()
         try:
@@ -111,7 +160,11 @@ class TraceSession:
         self.namespace = namespace
         self.keep = device_filter(self.device.kind, self.device.index)
         breakdown = ModelMemory(namespace, self.keep) if "torch" in sys.modules else None
-        self.tracer = MemoryTracer(statements, self.device, self.reader, self.host, breakdown)
+        self.sync = sync
+        waiter = self.reader.synchronize if sync and isinstance(self.reader, CudaMemory) else None
+        self.tracer = MemoryTracer(
+            statements, self.device, self.reader, self.host, breakdown, sync=waiter
+        )
 
     @property
     def probe(self) -> MemoryTracer:
@@ -124,6 +177,13 @@ class TraceSession:
         frames (``cell_filename``: the cell's code name, where the release starts)."""
         try:
             failing = self.tracer.finish()
+            if isinstance(self.reader, CudaMemory) and self.reader.name is None:
+                # the cell initialised CUDA: now the name can be read without side effects
+                try:
+                    if self.reader.describe():
+                        self.device = self.tracer.device = cuda_device(self.reader)
+                except Exception:
+                    pass
             oom = None
             if error is not None and is_oom(error):
                 oom = self._oom(error, cell_filename)
@@ -137,61 +197,113 @@ class TraceSession:
                 error=text[:300],
                 oom=oom,
                 host_method=self.host.method,
+                notes=self._notes(),
             )
         finally:
             self.host.close()
             self.reader.close()
 
+    def _notes(self) -> list[str]:
+        notes: list[str] = []
+        if self.device.kind == "cuda":
+            backend = allocator_backend_note()
+            if backend:
+                notes.append(backend)
+        elif self.sync:
+            notes.append(
+                "--sync has no effect here: the host is traced, and host work is done when "
+                "its statement ends"
+            )
+        if self.tracer.sync_error:
+            notes.append(
+                f"--sync stopped: synchronising raised {self.tracer.sync_error}; the cell "
+                "meets that error at its own next synchronisation"
+            )
+        return notes
+
     def _oom(self, error: BaseException, cell_filename: str | None) -> OomReport | None:
         """Report, then release the frames, then measure what the release gave back.
 
-        The state at the failure (free, reserved, fragmentation, who holds what) is read
-        first; then the failed call's frames are cleared, which frees its activations; what
-        that gave back is reported as held by the failing call, and the tensors no name
-        reaches are counted only after it, so what remains is what leaks. Building the
-        report must not fail the cell a second time: under a tight cap even walking the heap
-        can raise MemoryError, and then a report without holders is shown.
+        The report follows the error, not the traced device (audit M2): a host OOM on a
+        GPU machine reports the host and the CPU tensors. The state at the failure (free,
+        reserved, fragmentation, who holds what) is read first; then the failed call's
+        frames are cleared, which frees its activations; what that gave back is reported
+        as held by the failing call, and the tensors no name reaches are counted only after
+        it, so what remains is what leaks. Building the report must not fail the cell a
+        second time: under a tight cap even walking the heap can raise MemoryError, and
+        then a report without holders is shown.
         """
+        kind = oom_kind(error) or self.device.kind
+        reader: CudaMemory | HostMemory | None
+        if kind == "cuda":
+            reader = self._cuda_reader_for(error)
+            keep = device_filter("cuda", reader.index) if reader is not None else self.keep
+        else:
+            reader, keep = self.host, device_filter("host")
+        traced = reader is self.reader
         at_failure: dict[str, Any] = {}
         holders: list[Holder] = []
         released: int | None = None
         unnamed = (0, 0)
+        before: int | None = None
         try:
             try:
-                at_failure = self._state_at_failure()
-                holders = list(named_tensors(self.namespace, self.keep))
+                at_failure = self._state_at_failure(kind, reader)
+                holders = list(named_tensors(self.namespace, keep))
                 if cell_filename is not None:
                     seen = {h.storage for h in holders}
-                    holders += frame_tensors(error, cell_filename, self.keep, seen)
+                    holders += frame_tensors(error, cell_filename, keep, seen)
             except MemoryError:
                 holders = []
-            before = self.reader.read().current
+            if reader is not None:
+                before = reader.read().current
         finally:
             if cell_filename is not None:
                 release_frames(error, cell_filename)
         try:
-            after = self.reader.read()
-            released = max(before - after.current, 0)
-            self.tracer.final = after.current  # the cell's net change, once the frames let go
-            self.tracer.final_reserved = after.reserved
-            unnamed = unnamed_tensor_bytes({h.storage for h in holders}, self.keep)
+            if reader is not None and before is not None:
+                after = reader.read()
+                released = max(before - after.current, 0)
+                if traced:
+                    self.tracer.final = after.current  # the cell's net change, once released
+                    self.tracer.final_reserved = after.reserved
+            unnamed = unnamed_tensor_bytes({h.storage for h in holders}, keep)
         except MemoryError:
             pass
         try:
-            return self._build(error, at_failure, holders, unnamed, released)
+            return self._build(kind, reader, error, at_failure, holders, unnamed, released)
         except MemoryError:
             return None
 
-    def _state_at_failure(self) -> dict[str, Any]:
-        if self.device.kind == "cuda":
-            assert isinstance(self.reader, CudaMemory)
-            return {"stats": self.reader.stats(), "mem_info": self.reader.mem_get_info()}
+    def _cuda_reader_for(self, error: BaseException) -> CudaMemory | None:
+        """The traced CUDA reader, or one for the device the error names when the host is
+        traced (CUDA is initialised by then: the error came from it)."""
+        if isinstance(self.reader, CudaMemory):
+            index = oom_device_index(error)
+            if index is None or index == self.reader.index:
+                return self.reader
+        torch = _torch()
+        try:
+            if torch is None or not torch.cuda.is_initialized():
+                return None
+            index = oom_device_index(error)
+            return CudaMemory(torch, int(torch.cuda.current_device()) if index is None else index)
+        except Exception:
+            return None
+
+    def _state_at_failure(
+        self, kind: str, reader: CudaMemory | HostMemory | None
+    ) -> dict[str, Any]:
+        if kind == "cuda":
+            if not isinstance(reader, CudaMemory):
+                return {}
+            return {"stats": reader.stats(), "mem_info": reader.mem_get_info()}
         import psutil
 
         vm = psutil.virtual_memory()
         limit, used = _address_space_limit()
         return {
-            "rss": self.tracer.final,
+            "rss": self.host.read().current,
             "available": int(vm.available),
             "total": int(vm.total),
             "limit": limit,
@@ -200,25 +312,31 @@ class TraceSession:
 
     def _build(
         self,
+        kind: str,
+        reader: CudaMemory | HostMemory | None,
         error: BaseException,
         state: dict[str, Any],
         holders: list[Holder],
         unnamed: tuple[int, int],
         released: int | None,
     ) -> OomReport:
-        if self.device.kind == "cuda":
+        if kind == "cuda":
+            if isinstance(reader, CudaMemory):
+                label = cuda_device(reader).label if reader.describe() else f"cuda:{reader.index}"
+            else:
+                label = "cuda"
             return build_cuda_report(
                 error,
                 state.get("stats", {}),
                 state.get("mem_info"),
-                self.device.label,
+                label,
                 holders,
                 unnamed,
                 released=released,
             )
         return build_host_report(
             error,
-            state.get("rss", self.tracer.final),
+            state.get("rss", self.tracer.final_host),
             state.get("available"),
             state.get("total"),
             holders,

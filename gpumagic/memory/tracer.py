@@ -9,7 +9,7 @@ statement and the start of the next, so a boundary costs one device query.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +45,7 @@ class MemoryTracer:
         reader: CudaMemory | HostMemory,
         host: HostMemory,
         breakdown: Any = None,  # gpumagic.memory.holders.ModelMemory or None
+        sync: Callable[[], bool] | None = None,
     ) -> None:
         n = len(statements)
         self.statements = list(statements)
@@ -53,6 +54,14 @@ class MemoryTracer:
         self._host = host
         self._separate_host = reader is not host
         self._breakdown = breakdown
+        # --sync: waits for the device at each boundary (returns False when there was
+        # nothing to wait for, CUDA not being initialised yet), so a statement's time
+        # includes the GPU work it queued; what the waits took is kept to report its cost.
+        self._sync = sync
+        self.sync_requested = sync is not None
+        self.syncs = 0
+        self.sync_ns = 0
+        self.sync_error = ""
         self.hits = [0] * n
         self.delta = [0] * n
         self.peak = [0] * n
@@ -93,6 +102,8 @@ class MemoryTracer:
 
     # -- the probe ---------------------------------------------------------------------------
     def enter(self, index: int) -> None:
+        if self._sync is not None:
+            self._synchronize()
         now = time.perf_counter_ns()
         dev = self._reader.read()
         host = self._host.read() if self._separate_host else dev
@@ -105,6 +116,23 @@ class MemoryTracer:
         self._start_ns = time.perf_counter_ns()
         self._start_cur = dev.current
         self._start_host = host.current
+
+    def _synchronize(self) -> None:
+        assert self._sync is not None
+        t0 = time.perf_counter_ns()
+        try:
+            waited = self._sync()
+        except Exception as exc:
+            # A sticky CUDA error from the cell's own kernels: raising it here would move the
+            # cell's exception to a statement boundary. Stop syncing; the cell's next own
+            # synchronisation raises it as it would without the magic.
+            self._sync = None
+            first = str(exc).strip().splitlines()[:1]
+            self.sync_error = f"{type(exc).__name__}: {first[0]}" if first else type(exc).__name__
+            return
+        if waited:
+            self.syncs += 1
+            self.sync_ns += time.perf_counter_ns() - t0
 
     def _close(self, now: int, dev: Reading, host: Reading) -> None:
         i = self.open
@@ -161,6 +189,8 @@ class MemoryTracer:
     def finish(self) -> int:
         """Close the statement still open (the failing one, after an error); return its index."""
         failing = self.open
+        if self._sync is not None:
+            self._synchronize()
         now = time.perf_counter_ns()
         dev = self._reader.read()
         host = self._host.read() if self._separate_host else dev

@@ -9,7 +9,10 @@ Thresholds are rules of thumb, named here so the header, the tests and the docs 
   on a machine with an idle GPU raises nothing.
 - memory above ``MEMORY_PCT`` of the board: the next allocation spike is likely an OOM.
 - thermal or power throttling: NVML's clock event reasons say the clocks are being held
-  down, so step times will be slower than the GPU's rating.
+  down, so step times will be slower than the GPU's rating. ``sw_power_cap`` alone is not
+  one: an H100/H200 at full load runs at its power limit for most of a healthy training
+  run (the driver trims clocks to stay within it), so only the hardware power brake,
+  thermal and hardware slowdowns raise an alert; the status still lists the bit.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ LOW_UTIL_SPAN_S = 10.0
 LOW_UTIL_MIN_RUN_S = 5.0
 LOW_UTIL_MIN_SAMPLES = 3
 MEMORY_PCT = 90.0
+SW_POWER_CAP = 0x4  # nvmlClocksEventReasonSwPowerCap: normal at full load (see above)
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,7 @@ def compute_alerts(
             )
         mask = v[M.THROTTLE]
         if not math.isnan(mask):
-            bits = int(mask)
+            bits = int(mask) & ~SW_POWER_CAP
             names = ", ".join(n for b, n in M.THROTTLE_BITS if bits & b & M.SLOWDOWN_BITS)
             if bits & M.THERMAL_BITS:
                 out.append(

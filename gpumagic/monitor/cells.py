@@ -52,7 +52,8 @@ class CellRecord:
     end: float | None = None
     success: bool | None = None
     samples: int = 0
-    peak_utilization: float = math.nan  # busiest GPU's utilization.gpu, %
+    # utilization.gpu, %: of the GPUs this process uses (utilization_rows), else the busiest
+    peak_utilization: float = math.nan
     sum_utilization: float = 0.0
     n_utilization: int = 0
     peak_memory: float = math.nan  # largest memory.used of any watched GPU, bytes
@@ -60,6 +61,7 @@ class CellRecord:
     peak_host_cpu: float = math.nan
     peak_host_memory: float = math.nan
     holds_gpu_memory: bool | None = None  # whether this process held GPU memory (None: unknown)
+    utilization_rows: tuple[int, ...] = ()  # GPU rows this process used: its utilisation's source
 
     @property
     def running(self) -> bool:
@@ -74,11 +76,24 @@ class CellRecord:
         end = self.end if self.end is not None else (time.time() if now is None else now)
         return max(0.0, end - self.start)
 
-    def fold(self, block: np.ndarray, gpu_rows: list[int], host_row: int | None) -> None:
-        """Take one sample into this cell's peaks (sampler thread, under the marks' lock)."""
+    def fold(
+        self,
+        block: np.ndarray,
+        gpu_rows: list[int],
+        host_row: int | None,
+        own_rows: list[int] | None = None,
+    ) -> None:
+        """Take one sample into this cell's peaks (sampler thread, under the marks' lock).
+
+        ``own_rows``: the GPU rows this process uses in this sample. Utilisation is theirs
+        when there are any (on a shared box another user's job is not this cell's), the
+        busiest GPU's otherwise."""
         self.samples += 1
         if gpu_rows:
-            util = block[gpu_rows, M.UTIL_GPU]
+            rows = own_rows or gpu_rows
+            if own_rows:
+                self.utilization_rows = tuple(sorted({*self.utilization_rows, *own_rows}))
+            util = block[rows, M.UTIL_GPU]
             if not np.isnan(util).all():
                 busiest = float(np.nanmax(util))
                 self.peak_utilization = _nanmax(self.peak_utilization, busiest)
@@ -209,7 +224,14 @@ class CellMarks:
                 record.end = end
             self._closing.clear()
 
-    def fold(self, t: float, block: np.ndarray, gpu_rows: list[int], host_row: int | None) -> None:
+    def fold(
+        self,
+        t: float,
+        block: np.ndarray,
+        gpu_rows: list[int],
+        host_row: int | None,
+        own_rows: list[int] | None = None,
+    ) -> None:
         """Sampler thread: add a sample to every open cell and to cells that just ended.
 
         NVML's utilisation is an average over the last sampling period of the driver, so the
@@ -219,9 +241,9 @@ class CellMarks:
         with self._lock:
             for record in self._open:
                 if t >= record.start:
-                    record.fold(block, gpu_rows, host_row)
+                    record.fold(block, gpu_rows, host_row, own_rows)
             for record in self._closing:
-                record.fold(block, gpu_rows, host_row)
+                record.fold(block, gpu_rows, host_row, own_rows)
             self._closing.clear()
 
     def running(self) -> CellRecord | None:

@@ -15,13 +15,18 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Device:
-    """One row of every sample: a GPU (``kind="gpu"``) or the host (``kind="host"``)."""
+    """One row of every sample: a GPU (``kind="gpu"``) or the host (``kind="host"``).
+
+    A MIG instance is a GPU row of its own: ``nvml_index`` is its parent board's index and
+    ``mig_index`` its slot on that board (NVML's MIG device index).
+    """
 
     kind: str
     name: str
     nvml_index: int | None = None  # physical index (nvidia-smi's ``index``)
     cuda_index: int | None = None  # index as CUDA/PyTorch sees it (``cuda:N``)
     uuid: str | None = None
+    mig_index: int | None = None  # set for a MIG instance
 
     @property
     def key(self) -> str:
@@ -30,58 +35,143 @@ class Device:
 
     @property
     def label(self) -> str:
-        """Both numberings when they differ: ``cuda:0 (GPU 2)``; ``GPU 0`` when they agree."""
+        """Both numberings when they differ: ``cuda:0 (GPU 2)``; ``GPU 0`` when they agree;
+        ``cuda:0 (GPU 0 MIG 1)`` for a MIG instance."""
         if self.kind != "gpu":
             return "host"
+        if self.mig_index is not None:
+            return f"cuda:{self.cuda_index} (GPU {self.nvml_index} MIG {self.mig_index})"
         if self.cuda_index == self.nvml_index:
             return f"GPU {self.nvml_index}"
         return f"cuda:{self.cuda_index} (GPU {self.nvml_index})"
 
 
 def _norm_uuid(uuid: str) -> str:
-    return uuid.strip().lower().removeprefix("gpu-")
+    u = uuid.strip().lower()
+    for prefix in ("gpu-", "mig-"):
+        if u.startswith(prefix):
+            return u[len(prefix) :]
+    return u
+
+
+@dataclass(frozen=True)
+class VisibleDevices:
+    """What ``CUDA_VISIBLE_DEVICES`` exposes: NVML indexes of whole GPUs in CUDA order, or
+    (a ``MIG-`` list) positions in the MIG UUID list; ``notes`` say what was ignored."""
+
+    gpus: list[int]
+    migs: list[int]
+    notes: list[str]
+    repeated: bool = False  # an entry repeats: CUDA exposes nothing
+
+
+def _strtoul(token: str) -> int:
+    """torch's reading of an ordinal (``_parse_visible_devices``, like C's ``strtoul``): the
+    leading ``[+-]digits``, so ``1gpu2`` is 1; -1 when there are none."""
+    end = 0
+    for i, c in enumerate(token):
+        if c.isdigit() or (i == 0 and c in "+-"):
+            end = i + 1
+        else:
+            break
+    try:
+        return int(token[:end]) if end else -1
+    except ValueError:  # a lone sign
+        return -1
+
+
+def _match_prefix(token: str, uuids: Sequence[str | None]) -> int | None:
+    """The one UUID ``token`` is a prefix of (CUDA accepts abbreviations); None if none or
+    several."""
+    wanted = _norm_uuid(token)
+    matches = [i for i, u in enumerate(uuids) if u is not None and _norm_uuid(u).startswith(wanted)]
+    return matches[0] if len(matches) == 1 else None
+
+
+def visible_devices(
+    env: str | None, uuids: Sequence[str | None], mig_uuids: Sequence[str | None] = ()
+) -> VisibleDevices:
+    """Read ``CUDA_VISIBLE_DEVICES`` as torch and the CUDA runtime do (torch's
+    ``_parse_visible_devices`` and ``_transform_uuid_to_ordinals``, audit M5).
+
+    ``uuids``: the NVML UUIDs by NVML index; ``mig_uuids``: the MIG instances' UUIDs.
+    The whole list is read in the mode of its first entry: ``GPU-`` UUID (prefixes),
+    ``MIG-`` UUID, or ordinals read like ``strtoul`` (``1gpu2`` is 1); an entry of another
+    kind, an unknown or ambiguous one, a negative ordinal or one past the last GPU ends
+    the list; an entry repeated anywhere before that end makes CUDA expose no device at all.
+    """
+    count = len(uuids)
+    if env is None:
+        return VisibleDevices(list(range(count)), [], [])
+    notes: list[str] = []
+
+    def stop(token: str, why: str) -> None:
+        if not token or (token.startswith("-") and not notes and token == entries[0].strip()):
+            return  # "" or a leading "-1": the idioms for "no GPU", which the reason names
+        notes.append(
+            f"CUDA_VISIBLE_DEVICES entry {token!r} {why}: CUDA ignores it and every entry after it"
+        )
+
+    def repeated(token: str) -> VisibleDevices:
+        notes.append(
+            f"CUDA_VISIBLE_DEVICES={env!r} repeats {token!r}: CUDA then exposes no device at all"
+        )
+        return VisibleDevices([], [], notes, repeated=True)
+
+    entries = env.split(",")
+    for prefix, pool in (("GPU-", uuids), ("MIG-", mig_uuids)):
+        if not env.startswith(prefix):
+            continue
+        chosen: list[int] = []
+        seen: list[str] = []
+        for token in entries:
+            if token in seen:
+                return repeated(token)
+            if not token.startswith(prefix):
+                stop(token, f"is not a {prefix} UUID like the first entry")
+                break
+            seen.append(token)
+        for token in seen:
+            index = _match_prefix(token, pool)
+            if index is None:
+                stop(token, "matches no device here (or several)")
+                break
+            if index in chosen:
+                return repeated(token)
+            chosen.append(index)
+        if prefix == "GPU-":
+            return VisibleDevices(chosen, [], notes)
+        return VisibleDevices([], chosen, notes)
+    ordinals: list[int] = []
+    for token in entries:
+        number = _strtoul(token.strip())
+        if number in ordinals:
+            return repeated(token.strip())
+        if number < 0:
+            stop(token.strip(), "is no GPU index")
+            break
+        if token.strip() != str(number):
+            notes.append(
+                f"CUDA_VISIBLE_DEVICES entry {token.strip()!r} reads as {number} "
+                "(CUDA takes its leading digits)"
+            )
+        ordinals.append(number)
+    chosen = []
+    for number in ordinals:
+        if number >= count:
+            stop(str(number), "names no GPU")
+            break
+        chosen.append(number)
+    return VisibleDevices(chosen, [], notes)
 
 
 def parse_visible_devices(
     env: str | None, uuids: Sequence[str | None]
 ) -> tuple[list[int], list[str]]:
-    """NVML indexes of the GPUs CUDA would expose, in CUDA order, plus notes on ignored entries.
-
-    ``env`` is ``CUDA_VISIBLE_DEVICES`` (None when unset); ``uuids`` are the NVML UUIDs by
-    NVML index. Follows the CUDA runtime's rules: entries are integer indexes or (prefixes
-    of) ``GPU-<uuid>`` strings; the first entry that names no device ends the list, so
-    ``0,7,1`` on a 2-GPU box exposes GPU 0 only.
-    """
-    count = len(uuids)
-    if env is None:
-        return list(range(count)), []
-    chosen: list[int] = []
-    notes: list[str] = []
-    for raw in env.split(","):
-        token = raw.strip()
-        if not token:
-            break
-        index: int | None = None
-        if token.lstrip("+-").isdigit():
-            number = int(token)
-            index = number if 0 <= number < count else None
-        elif token.lower().startswith("gpu-"):
-            wanted = _norm_uuid(token)
-            matches = [
-                i for i, u in enumerate(uuids) if u is not None and _norm_uuid(u).startswith(wanted)
-            ]
-            index = matches[0] if len(matches) == 1 else None
-        elif token.lower().startswith("mig-"):
-            notes.append(f"CUDA_VISIBLE_DEVICES entry {token!r} is a MIG instance: not watched")
-            break
-        if index is None or index in chosen:
-            notes.append(
-                f"CUDA_VISIBLE_DEVICES entry {token!r} names no GPU (or repeats one): "
-                "CUDA ignores it and every entry after it"
-            )
-            break
-        chosen.append(index)
-    return chosen, notes
+    """NVML indexes of the whole GPUs CUDA would expose, in CUDA order, plus notes on
+    ignored entries (see :func:`visible_devices`; a ``MIG-`` list exposes no whole GPU)."""
+    seen = visible_devices(env, uuids)
+    return seen.gpus, seen.notes
 
 
 def torch_visible_uuids() -> list[str] | None:

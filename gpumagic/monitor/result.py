@@ -9,6 +9,7 @@ local timestamps. pandas is imported when a frame is first asked for.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,8 @@ from gpumagic.monitor.alerts import Alert, cell_note
 if TYPE_CHECKING:
     import pandas as pd
 
+    from gpumagic.monitor.cells import CellRecord
+    from gpumagic.monitor.devices import Device
     from gpumagic.monitor.snapshot import Snapshot
 
 UNITS: dict[str, str] = {m.key: m.unit for m in M.METRICS} | {
@@ -33,6 +36,14 @@ UNITS: dict[str, str] = {m.key: m.unit for m in M.METRICS} | {
 }
 
 _GPU_CELL_COLUMNS = ("peak_utilization", "mean_utilization", "peak_memory", "peak_process_memory")
+# Which GPUs a cell's utilisation is of: this process's (audit M12), or the busiest GPU's.
+_UTILIZATION_OF = "utilization_of"
+
+
+def utilization_of(cell: CellRecord, devices: Sequence[Device]) -> str:
+    """``cuda:0`` (the GPUs this process used during the cell) or ``busiest GPU``."""
+    keys = [devices[r].key for r in cell.utilization_rows if r < len(devices)]
+    return ", ".join(keys) if keys else "busiest GPU"
 
 
 def _local_times(times: np.ndarray) -> pd.DatetimeIndex:
@@ -174,6 +185,7 @@ class WatchResult:
                     "duration_us": cell.duration(self.snapshot.now) * 1e6,
                     "peak_utilization": cell.peak_utilization,
                     "mean_utilization": cell.mean_utilization,
+                    _UTILIZATION_OF: utilization_of(cell, self.snapshot.devices),
                     "peak_memory": cell.peak_memory,
                     "peak_process_memory": cell.peak_process_memory,
                     "peak_host_cpu": cell.peak_host_cpu,
@@ -189,6 +201,7 @@ class WatchResult:
             "start",
             "duration_us",
             *_GPU_CELL_COLUMNS,
+            _UTILIZATION_OF,
             "peak_host_cpu",
             "peak_host_memory",
             "samples",
@@ -199,7 +212,7 @@ class WatchResult:
         frame["execution_count"] = frame["execution_count"].astype("Int64")
         frame["start"] = _local_times(frame["start"].to_numpy(dtype=float))
         if not self.has_gpus:
-            frame = frame.drop(columns=list(_GPU_CELL_COLUMNS))
+            frame = frame.drop(columns=[*_GPU_CELL_COLUMNS, _UTILIZATION_OF])
         return frame
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:

@@ -35,7 +35,7 @@ from gpumagic.monitor.cells import CellMarks
 from gpumagic.monitor.csvlog import CsvLog
 from gpumagic.monitor.devices import Device
 from gpumagic.monitor.host import HostReader
-from gpumagic.monitor.nvml import GpuReader, cuda_in_use, select_gpus
+from gpumagic.monitor.nvml import GpuReader, cuda_devices_in_use, cuda_in_use, select_gpus
 from gpumagic.monitor.result import WatchResult, WatchStatus
 from gpumagic.monitor.ring import Ring, capacity_for
 from gpumagic.monitor.snapshot import Snapshot
@@ -45,7 +45,11 @@ __all__ = ["Snapshot", "WatchEvent", "Watcher", "current", "stop_current", "watc
 # What a subscriber is told: a new sample is in, or the watcher stopped (its result is final).
 WatchEvent = Literal["sample", "stop"]
 
-MIN_INTERVAL = 0.1  # NVML's utilisation counters update at ~6-60 Hz; faster only costs CPU
+# NVML's utilisation is the share of its last sample period that was busy, and "each sample
+# period may be between 1 second and 1/6 second" (nvmlDeviceGetUtilizationRates): 1-6 Hz.
+# Power on Ampere (except GA100) and newer is a 1 s average. Faster than this floor mostly
+# re-reads the same values and only costs CPU.
+MIN_INTERVAL = 0.1
 # A cell-end sample is taken at once, but never closer than this to the previous one, so a
 # notebook of many tiny cells ("Run all") cannot turn the sampler into a busy loop.
 MIN_SPACING = 0.1
@@ -365,8 +369,25 @@ class Watcher:
         self._ring.push(t, block)
         if self._log is not None:
             self._log.write(t, block)
-        self.marks.fold(t, block, self._gpu_rows, self._host_row)
+        self.marks.fold(t, block, self._gpu_rows, self._host_row, self._own_rows(block))
         self._update_alerts(t)
+
+    def _own_rows(self, block: np.ndarray) -> list[int]:
+        """GPU rows this process uses: NVML lists its memory there, or (NVML cannot tell, as
+        in a container's PID namespace) it holds a CUDA context there. A cell's utilisation
+        comes from these, not from another user's busiest GPU (audit M12)."""
+        if not self._gpu_readers:
+            return []
+        proc = block[self._gpu_rows, M.PROC_MEM]
+        own = [row for row, used in zip(self._gpu_rows, proc) if used > 0]
+        if own or not np.isnan(proc).any():
+            return own
+        contexts = cuda_devices_in_use()
+        return [
+            row
+            for row, reader in zip(self._gpu_rows, self._gpu_readers)
+            if math.isnan(block[row, M.PROC_MEM]) and reader.device.cuda_index in contexts
+        ]
 
     def _process_memory_check(self, block: np.ndarray) -> None:
         # NVML reports host PIDs; inside a container's PID namespace os.getpid() matches none,

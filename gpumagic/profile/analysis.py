@@ -122,11 +122,16 @@ class Analysis:
     """Everything derived from one trace file (one rank)."""
 
     def __init__(
-        self, trace: Trace, step_marks: bool = True, mark_limit: int | None = None
+        self,
+        trace: Trace,
+        step_marks: bool = True,
+        mark_limit: int | None = None,
+        skip_first: bool = False,
     ) -> None:
         self.trace = trace
         self.step_marks = step_marks  # False: ignore ProfilerStep spans when finding steps
         self.mark_limit = mark_limit  # ProfilerStep#N with N >= this are not steps (a cell's tail)
+        self.skip_first = skip_first  # leave the first marked step (first-call setup) out
 
     # --- links -----------------------------------------------------------------------
 
@@ -190,7 +195,9 @@ class Analysis:
 
     @cached_property
     def steps(self) -> Steps:
-        return find_steps(self.trace, self.launch_runtime, self.step_marks, self.mark_limit)
+        return find_steps(
+            self.trace, self.launch_runtime, self.step_marks, self.mark_limit, self.skip_first
+        )
 
     @cached_property
     def breakdown(self) -> Breakdown:

@@ -11,9 +11,11 @@ to confirm or rule out what the trace hints. Every field is optional: ``None`` m
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,10 @@ class LiveState:
     cudnn_allow_tf32: bool | None = None  # torch.backends.cudnn.allow_tf32
     matmul_allow_tf32: bool | None = None  # torch.backends.cuda.matmul.allow_tf32
     float32_matmul_precision: str | None = None  # torch.get_float32_matmul_precision()
+    # torch >= 2.9's API: "ieee", "tf32" ("bf16" on CPU backends) or "none" (inherit, which
+    # leaves it to the legacy flags above). Once a cell set it, the legacy getters raise.
+    matmul_fp32_precision: str | None = None  # torch.backends.cuda.matmul.fp32_precision
+    conv_fp32_precision: str | None = None  # torch.backends.cudnn.conv.fp32_precision
     autocast_enabled: bool | None = None  # the cell ran (some of) its work under autocast
     notes: tuple[str, ...] = field(default=())
     # multi-GPU (issue 11): nn.DataParallel wrappers and DDP models in the namespace, and
@@ -77,8 +83,18 @@ class LiveState:
         return all(d.pin_memory for d in self.loaders)
 
     @property
+    def new_precision_api(self) -> bool:
+        """The session set TF32 with ``fp32_precision`` (so advice must not use the legacy flags,
+        which PyTorch refuses to mix with it)."""
+        return any(
+            v not in (None, "none") for v in (self.matmul_fp32_precision, self.conv_fp32_precision)
+        )
+
+    @property
     def tf32_matmul(self) -> bool | None:
-        """Whether fp32 matmuls may use TF32 tensor cores."""
+        """Whether fp32 matmuls may use TF32 tensor cores (the new API's value when it is set)."""
+        if self.matmul_fp32_precision not in (None, "none"):
+            return self.matmul_fp32_precision == "tf32"
         if self.matmul_allow_tf32 is not None:
             return self.matmul_allow_tf32
         if self.float32_matmul_precision is not None:
@@ -123,22 +139,36 @@ def capture_live_state(
                 )
             )
     data_parallel, ddp = _parallel_wrappers(torch, namespace)
-    backends = getattr(torch, "backends", None)
-    cudnn = getattr(backends, "cudnn", None)
-    matmul = getattr(getattr(backends, "cuda", None), "matmul", None)
-    precision = getattr(torch, "get_float32_matmul_precision", None)
+    backends: Any = getattr(torch, "backends", None)
     return LiveState(
         loaders=tuple(loaders),
         optimizers=tuple(optimizers),
-        cudnn_benchmark=getattr(cudnn, "benchmark", None),
-        cudnn_allow_tf32=getattr(cudnn, "allow_tf32", None),
-        matmul_allow_tf32=getattr(matmul, "allow_tf32", None),
-        float32_matmul_precision=precision() if callable(precision) else None,
+        cudnn_benchmark=_flag(lambda: backends.cudnn.benchmark, bool),
+        cudnn_allow_tf32=_flag(lambda: backends.cudnn.allow_tf32, bool),
+        matmul_allow_tf32=_flag(lambda: backends.cuda.matmul.allow_tf32, bool),
+        float32_matmul_precision=_flag(lambda: torch.get_float32_matmul_precision(), str),
+        matmul_fp32_precision=_flag(lambda: backends.cuda.matmul.fp32_precision, str),
+        conv_fp32_precision=_flag(lambda: backends.cudnn.conv.fp32_precision, str),
         autocast_enabled=autocast_enabled,
         data_parallel=data_parallel,
         ddp=ddp,
         distributed_backend=_distributed_backend(torch),
     )
+
+
+def _flag(read: Callable[[], Any], kind: type[_T]) -> _T | None:
+    """One torch flag, or None when it cannot be read.
+
+    Each flag is read on its own: once ``torch.backends.cuda.matmul.fp32_precision = "tf32"``
+    is set (the API PyTorch recommends since 2.9), the legacy getters ``matmul.allow_tf32``
+    and ``torch.get_float32_matmul_precision()`` raise RuntimeError ("mix of the legacy and
+    new APIs"), and an older torch has no ``fp32_precision`` at all (AttributeError).
+    """
+    try:
+        value = read()
+    except Exception:
+        return None
+    return value if isinstance(value, kind) else None
 
 
 def _parallel_wrappers(

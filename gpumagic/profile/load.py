@@ -37,6 +37,7 @@ def load_trace(
     *,
     step_marks: bool = True,
     mark_limit: int | None = None,
+    skip_first: bool = False,
 ) -> ProfileResult:
     """Analyse a Chrome trace from ``torch.profiler``, or a directory of per-rank traces.
 
@@ -47,6 +48,8 @@ def load_trace(
     called ``gpumagic.step()``): steps then follow DataLoader batches, or the whole trace.
     ``mark_limit=n`` keeps only ``ProfilerStep#N`` with ``N < n`` (the n steps a cell
     closed with ``gpumagic.step()``; the span after the last call is the cell's tail).
+    ``skip_first=True`` leaves the first ``ProfilerStep`` (first-call setup) out of the
+    steps when there are others; ``%%gpuprofile`` does so unless told ``--keep-first``.
 
     Raises :class:`TraceError` (a ``ValueError``) naming the file and the reason when
     the input is missing, empty, truncated, not JSON, or not a trace.
@@ -58,10 +61,14 @@ def load_trace(
             raise TraceError(p, "the directory holds no trace files (*.json, *.json.gz)")
         traces = [read_trace(f) for f in files]
         _number_ranks(traces, files)
-        return ProfileResult([Analysis(t, step_marks, mark_limit) for t in traces], str(p), live)
+        return ProfileResult(
+            [Analysis(t, step_marks, mark_limit, skip_first) for t in traces], str(p), live
+        )
     if not p.exists():
         raise TraceError(p, "no such file or directory")
-    return ProfileResult([Analysis(read_trace(p), step_marks, mark_limit)], str(p), live)
+    return ProfileResult(
+        [Analysis(read_trace(p), step_marks, mark_limit, skip_first)], str(p), live
+    )
 
 
 def _number_ranks(traces: list[Trace], files: list[Path]) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -23,10 +24,15 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpumagic.profile.events import Trace
 
 _current: Recorder | None = None
 _lock = threading.Lock()
+_kineto_started = False  # this process has started a Kineto trace (its log level is set)
+_LAUNCH = re.compile(r"Launch|Memcpy|Memset")  # cudaLaunchKernel, cuLaunchKernel, cudaMemcpyAsync
 
 
 def step() -> None:
@@ -72,7 +78,11 @@ class Recorder:
         self.steps = 0  # step() calls so far
         self.started = 0.0
         self.elapsed_s = 0.0
-        self.cuda = False
+        self.cuda = False  # CUDA activity was asked of the profiler
+        self.cuda_used = False  # the cell allocated CUDA memory (so it ran GPU work)
+        self._cuda_at_start: tuple[int, ...] | None = None
+        self.device_stopped_at: int | None = None  # step at which Kineto stopped collecting
+        self.stop_error = ""  # what went wrong stopping the profiler, when a trace survived
         self._prof: Any = None
         self._dir = Path(tempfile.mkdtemp(prefix="gpumagic-profile-"))
         self._trace: Path | None = None
@@ -95,12 +105,8 @@ class Recorder:
         from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 
         opts = self.options
-        # Kineto in recent torch prints "USDT: ... profiler_start/stop" lines on stderr at
-        # every start and stop, which ipykernel shows in red under every profiled cell. Its
-        # levels put those above errors, so only "off" (6) hides them; a KINETO_LOG_LEVEL the
-        # user set wins. Read once, when the process first starts the profiler.
-        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-        self.cuda = bool(torch.cuda.is_available())
+        self.cuda = cuda_recordable(torch)
+        self._cuda_at_start = _cuda_allocations() if self.cuda else None
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
         if opts.scheduled:
             with warnings.catch_warnings():
@@ -126,7 +132,7 @@ class Recorder:
         with _lock:
             if _current is not None:
                 raise RecordError("a %%gpuprofile cell is already being profiled")
-            self._prof.start()
+            _start_quietly(self._prof)
             _current = self
         self.started = time.perf_counter()
         return self
@@ -134,6 +140,10 @@ class Recorder:
     def step(self) -> None:
         self.steps += 1
         self._prof.step()
+        if self.device_stopped_at is None and _device_stopped(self._prof):
+            # Kineto stopped device collection (CUPTI buffers full, a device error): torch
+            # wrote the trace so far and records nothing more this cell (audit M8)
+            self.device_stopped_at = self.steps
 
     def _on_ready(self, prof: Any) -> None:
         path = self._dir / f"trace_{len(list(self._dir.iterdir()))}.json"
@@ -144,14 +154,28 @@ class Recorder:
     def stop(self) -> Path:
         """Stop the profiler (always, also after an error) and return the trace written."""
         global _current
+        failure: Exception | None = None
         try:
             if self._prof is not None:
+                self._synchronize_other_devices()
                 self._prof.stop()
+        except Exception as exc:
+            # After a sticky CUDA error (device-side assert, illegal address) torch's stop()
+            # raises in its torch.cuda.synchronize(), before it disables the profiler (audit
+            # M9): disable it here, so the next cell does not run under a profiler.
+            failure = exc
+            _disable_profiler()
         finally:
             with _lock:
                 if _current is self:
                     _current = None
             self.elapsed_s = time.perf_counter() - self.started if self.started else 0.0
+            self.cuda_used = self.cuda and _cuda_used(self._cuda_at_start)
+        if failure is not None:
+            reason = f"{type(failure).__name__}: {failure}"
+            if self._trace is None or not self._trace.exists():
+                raise RecordError(f"the profiler failed to stop ({reason})") from failure
+            self.stop_error = reason
         if self._trace is None or not self._trace.exists():
             opts = self.options
             if opts.scheduled:
@@ -179,3 +203,174 @@ class Recorder:
 
     def cleanup(self) -> None:
         shutil.rmtree(self._dir, ignore_errors=True)
+
+    def keep(self) -> Path:
+        """Move the recorded trace out of the folder :meth:`cleanup` removes; its new path
+        (for a trace whose analysis failed: the user can load it again, or open it)."""
+        if self._trace is None or not self._trace.exists():
+            raise RecordError("no trace recorded")
+        fd, name = tempfile.mkstemp(prefix="gpumagic-trace-", suffix=".json")
+        os.close(fd)
+        shutil.move(self._trace, name)
+        self._trace = Path(name)
+        return self._trace
+
+    def _synchronize_other_devices(self) -> None:
+        # torch's stop() synchronises only the current device; kernels still queued on other
+        # GPUs this process uses would miss the trace. Only devices with a context: touching
+        # another one would create a context there.
+        if not self.cuda or not _cuda_initialized():
+            return
+        import torch
+
+        has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
+        if has_context is None:
+            return
+        try:
+            current = torch.cuda.current_device()
+            for i in range(torch.cuda.device_count()):
+                if i != current and has_context(i):
+                    torch.cuda.synchronize(i)
+        except Exception:
+            pass  # a device error surfaces in stop()'s own synchronize, which is handled
+
+    def notes(self, trace: Trace, steps_in_trace: int) -> list[str]:
+        """What the recording says about ``trace`` that the analysis cannot (audit M7, M8).
+
+        ``steps_in_trace``: the marked steps the trace holds (before any is left out).
+        """
+        out: list[str] = []
+        # launches and copies only: torch's stop() itself calls cudaDeviceSynchronize
+        launches = int(trace.runtime.name.mask(lambda n: _LAUNCH.search(n) is not None).sum())
+        if self.cuda and not trace.has_gpu and (self.cuda_used or launches):
+            seen = (
+                f"the host made {launches} CUDA launch/copy calls but no kernel or copy reached it"
+                if launches
+                else "the cell allocated CUDA memory, so it ran GPU work, but none reached it"
+            )
+            out.append(
+                "CUDA activity was recorded, yet the trace holds no GPU events: "
+                f"{seen}. CUPTI may be busy or unavailable (another profiler attached, such as "
+                "Nsight Systems or DCGM profiling; no permission for GPU profiling; a 'CUPTI "
+                "initialization error', pytorch#99615), or this torch build lacks Kineto's GPU "
+                "support. The analysis below covers the host only."
+            )
+        if self.stop_error:
+            out.append(f"The profiler failed to stop cleanly ({self.stop_error}).")
+        expected = self._expected_steps()
+        if self.device_stopped_at is not None:
+            out.append(
+                f"The profiler stopped collecting device activity early, at step "
+                f"{self.device_stopped_at} of the {self.steps} the cell marked (Kineto's buffers "
+                "filled, or a device error): the trace covers only the cell's start. Record "
+                "fewer steps with --wait/--warmup/--active."
+            )
+        elif expected is not None and steps_in_trace < expected:
+            out.append(
+                f"The trace holds {steps_in_trace} of the {expected} steps the cell marked: "
+                "the profiler stopped recording before the cell ended."
+            )
+        return out
+
+    def _expected_steps(self) -> int | None:
+        """How many marked steps the trace should hold (None: the cell marked none)."""
+        if not self.steps:
+            return None
+        opts = self.options
+        if not opts.scheduled:
+            return self.steps
+        skipped = (opts.wait or 0) + (opts.warmup or 0)
+        return max(0, min(opts.active or 1, self.steps - skipped))
+
+
+def cuda_recordable(torch: Any) -> bool:
+    """Whether the profiler can record CUDA here: this build's Kineto supports it (builds
+    without Kineto's GPU support fall back to a trace with no kernels) and a GPU is visible."""
+    try:
+        from torch.profiler import ProfilerActivity, supported_activities
+
+        return ProfilerActivity.CUDA in supported_activities() and bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+def _cuda_allocations() -> tuple[int, ...] | None:
+    """The current device's allocation counters (None before CUDA is initialised; reading
+    them never initialises it). Any GPU op that makes a tensor moves them."""
+    if not _cuda_initialized():
+        return None
+    import torch
+
+    try:
+        stats = torch.cuda.memory_stats_as_nested_dict()
+        count = stats.get("allocation", {}).get("all", {})
+        nbytes = stats.get("allocated_bytes", {}).get("all", {})
+        # counts stay 0 under the cudaMallocAsync backend; its byte counters move
+        return tuple(int(d.get(k, 0)) for d in (count, nbytes) for k in ("allocated", "peak"))
+    except Exception:
+        return None
+
+
+def _cuda_used(at_start: tuple[int, ...] | None) -> bool:
+    """Whether the cell used the GPU: CUDA was initialised during it, or allocated in it."""
+    now = _cuda_allocations()
+    return now is not None and (at_start is None or now != at_start)
+
+
+def _cuda_initialized() -> bool:
+    import torch
+
+    try:
+        return bool(torch.cuda.is_initialized())
+    except Exception:
+        return False
+
+
+def _start_quietly(prof: Any) -> None:
+    """``prof.start()``, with Kineto's own log lines off for the process.
+
+    Kineto in recent torch prints "USDT: ... profiler_start/stop" lines on stderr at every
+    start and stop, which ipykernel shows in red under every profiled cell. Its levels put
+    those above errors, so only "off" (6) hides them. Kineto reads KINETO_LOG_LEVEL once,
+    when the process first prepares a trace (inside this start()), and keeps the level, so
+    the variable is set for that call only: left in os.environ it would pass to every child
+    of the kernel (audit M7). A KINETO_LOG_LEVEL the user set wins. Kineto's own warnings
+    (a CUPTI that fails to start) are silenced with the rest; the report's notes say what
+    the trace lacks instead.
+    """
+    global _kineto_started
+    if _kineto_started or "KINETO_LOG_LEVEL" in os.environ:
+        _kineto_started = True
+        prof.start()
+        return
+    os.environ["KINETO_LOG_LEVEL"] = "6"
+    try:
+        prof.start()
+    finally:
+        os.environ.pop("KINETO_LOG_LEVEL", None)
+        _kineto_started = True
+
+
+def _device_stopped(prof: Any) -> bool:
+    from torch.profiler import ProfilerAction
+
+    stopped = getattr(ProfilerAction, "DEVICE_STOPPED", None)  # absent in older torch
+    return stopped is not None and getattr(prof, "current_action", None) == stopped
+
+
+def _disable_profiler() -> None:
+    """Turn torch's profiler off after its own stop() failed (guarded: private API)."""
+    try:
+        from torch.autograd import _profiler_enabled
+        from torch.autograd.profiler import _disable_profiler as disable
+
+        if _profiler_enabled():
+            disable()
+    except Exception:
+        pass
+    try:
+        from torch.autograd.profiler import _set_is_profiler_enabled
+
+        _set_is_profiler_enabled(False)
+    except Exception:
+        pass

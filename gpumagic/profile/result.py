@@ -44,6 +44,9 @@ class ProfileResult(Rendered):
         # Table rows when the result shows itself (Out[], display()); None: the renderers'
         # defaults. %gpuprofile --load --rows N sets it on the result it returns.
         self.display_rows: int | None = None
+        # What the recording itself tells about the trace (no GPU events although CUDA was
+        # recorded; the profiler stopped collecting early), shown above the report.
+        self.notes: list[str] = []
 
     # --- ranks -----------------------------------------------------------------------
 
@@ -146,6 +149,7 @@ class ProfileResult(Rendered):
             "step_names": list(st.names),
             "steps_from": st.source,
             "steps_dropped": st.dropped,
+            "first_step_left_out": st.first_left_out,
             "step_time_us": bd.mean_step_us,
             "step_time_min_us": float(st.duration.min()) if len(st) else 0.0,
             "step_time_max_us": float(st.duration.max()) if len(st) else 0.0,
@@ -258,7 +262,9 @@ class ProfileResult(Rendered):
 
     def with_live(self, live: LiveState | None) -> ProfileResult:
         """The same analysis, diagnosed with session facts (see :mod:`gpumagic.profile.live`)."""
-        return ProfileResult(self._analyses, self.source, live, self.name)
+        out = ProfileResult(self._analyses, self.source, live, self.name)
+        out.notes = list(self.notes)
+        return out
 
     # --- output ----------------------------------------------------------------------
 

@@ -360,11 +360,88 @@ _MATMUL_OP = re.compile(
     r"|conv[123]d|conv_tbc|conv_transpose[123]d|cudnn_convolution\w*|convolution_backward\w*)$"
     r"|^(Mm|Bmm|Addmm|Addbmm|Baddbmm|Addmv|Mv|Convolution|CudnnConvolution\w*)Backward\d*$"
 )
-_TENSOR_CORE_KERNEL = re.compile(
-    r"[hsci](884|1688|16816|8816)|hmma|xmma|wmma|tensorop|tf32|bf16|fp16|f16f16|nvjet|_tc_",
+# Tensor-core GEMM/conv kernels name an MMA instruction shape (volta_h884gemm,
+# ampere_fp16_s16816gemm, cutlass_80_tensorop_s1688gemm), a tensor-core input type
+# (sm80_xmma_gemm_f32f32_tf32f32_..._tensor16x8x8, sm90_xmma_..._bf16bf16_..., e4m3/e5m2 FP8)
+# or a tensor-core family (tensorop, hmma/imma/wmma, Hopper's nvjet_*). A bare "xmma" is
+# only NVIDIA's template library: full-FP32 cuBLAS GEMMs on Ampere/Hopper run as
+# sm80_xmma_gemm_f32f32_f32f32_f32_..._ffma_... (plain FMA on the CUDA cores), so "ffma",
+# "simt" and "sgemm" are evidence against, and win (audit B2).
+_TENSOR_CORE_EVIDENCE = re.compile(
+    r"[hsci](884|1688|16816|8816)|hmma|imma|wmma|tensorop|tensor\d+x\d+|tf32|bf16|fp16|f16|e4m3|e5m2"
+    r"|nvjet|_tc_",
     re.IGNORECASE,
 )
+_NO_TENSOR_CORE_EVIDENCE = re.compile(r"ffma|simt|sgemm", re.IGNORECASE)
+
+
+def is_tensor_core_kernel(name: str) -> bool:
+    """The kernel's name says it runs on tensor cores (and nothing in it says it does not)."""
+    return (
+        _TENSOR_CORE_EVIDENCE.search(name) is not None
+        and _NO_TENSOR_CORE_EVIDENCE.search(name) is None
+    )
+
+
 _LOW_PRECISION_TYPES = ("c10::Half", "c10::BFloat16", "c10::Float8", "Half", "BFloat16")
+_CAST_OP = re.compile(r"^aten::(to|_to_copy)$")
+_AUTOCAST_NAME = re.compile(r"autocast", re.IGNORECASE)
+
+
+def autocast_matmuls(a: Analysis) -> np.ndarray:
+    """Host events that ran under autocast: forward matmul/conv ops autocast wrapped, and
+    what nests in them or in an annotation or op named after autocast.
+
+    Read from the trace, never from the cell's text (a comment, ``autocast('cpu')`` around
+    CUDA work or ``enabled=False`` say nothing; audit M10). Autocast's wrapper shows as the
+    op calling itself after casting its inputs: ``aten::linear`` > ``aten::to`` (x3) >
+    ``aten::linear`` > ``aten::addmm``; without autocast a forward op never re-enters
+    itself. With recorded shapes a cast to a 16-bit type directly inside the op says the
+    same. Only the device type autocast was entered for is wrapped, so ``autocast('cpu')``
+    leaves CUDA matmuls bare. Backward ops are never wrapped (their own casts, e.g. in
+    ``aten::convolution_backward``, are not autocast's).
+    """
+    host = a.trace.host
+    host_par, _ = a.parents
+    is_mm = host.name.mask(
+        lambda n: _MATMUL_OP.match(n) is not None and "backward" not in n.lower()
+    )
+    child = np.flatnonzero(host_par >= 0)
+    parent = host_par[child]
+    codes = host.name.codes
+    under_mm = is_mm[parent]
+    reenters = under_mm & (codes[child] == codes[parent])
+    wrapped = np.zeros(len(host.ts), bool)
+    wrapped[parent[reenters]] = True
+    casts = child[under_mm & host.name.mask(lambda n: _CAST_OP.match(n) is not None)[child]]
+    if len(casts):
+        wrapped[host_par[casts[_casts_to_half(a, casts)]]] = True
+    marks = wrapped | host.name.mask(lambda n: _AUTOCAST_NAME.search(n) is not None)
+    return marks | tree.any_ancestor(host_par, marks)
+
+
+def _casts_to_half(a: Analysis, casts: np.ndarray) -> np.ndarray:
+    """Per cast op (``aten::to``/``_to_copy``), whether it wrote a 16-bit float type: the
+    destination is the first input of the ``aten::copy_`` inside it (recorded shapes only)."""
+    host = a.trace.host
+    host_par, _ = a.parents
+    copies = np.flatnonzero(host.name.mask(lambda n: n == "aten::copy_"))
+    out = np.zeros(len(casts), bool)
+    if not len(copies):
+        return out
+    # the cast that holds each copy_ (directly, or through aten::_to_copy)
+    holder = host_par[copies]
+    holder = np.where(
+        (holder >= 0) & ~np.isin(holder, casts), host_par[np.maximum(holder, 0)], holder
+    )
+    inside = np.isin(holder, casts)
+    copies, holder = copies[inside], holder[inside]
+    if not len(copies):
+        return out
+    _dims, types = host.inputs(copies)
+    half = np.array([any(t in s.split(",")[0] for t in _LOW_PRECISION_TYPES) for s in types], bool)
+    out[np.isin(casts, holder[half])] = True
+    return out
 
 
 def tensor_cores(c: Context) -> Finding | None:
@@ -395,8 +472,12 @@ def tensor_cores(c: Context) -> Finding | None:
     if not eligible.any():
         return None
     dur = gpu.end - gpu.ts
-    tc = gpu.name.mask(lambda n: _TENSOR_CORE_KERNEL.search(n) is not None)
-    fp32_mm = eligible & ~tc
+    tc = gpu.name.mask(is_tensor_core_kernel)
+    # kernels of matmuls that ran under autocast miss tensor cores for another reason
+    # (shapes, an fp32 op list), which is not this rule's
+    autocast = np.zeros(len(gpu.ts), bool)
+    autocast[eligible] = autocast_matmuls(c.a)[op[eligible]]
+    fp32_mm = eligible & ~tc & ~autocast
     mm_us, no_tc_us = float(dur[eligible].sum()), float(dur[fp32_mm].sum())
     kernel_us = float(dur[kernels].sum())
     if no_tc_us < 0.10 * kernel_us or no_tc_us < 0.5 * mm_us:
@@ -418,10 +499,17 @@ def tensor_cores(c: Context) -> Finding | None:
     }
     if types and any(types):
         evidence["fp32_inputs_in_sample"] = f"{fp32} of {len(types)} matmul/conv calls"
+    if (eligible & autocast).any():
+        evidence["under_autocast_us_per_step"] = round(
+            c.per_step(float(dur[eligible & autocast].sum())), 1
+        )
     confirmed = False
+    tf32 = new_api = None
     if c.live is not None:
         for key in (
             "autocast_enabled",
+            "matmul_fp32_precision",
+            "conv_fp32_precision",
             "matmul_allow_tf32",
             "cudnn_allow_tf32",
             "float32_matmul_precision",
@@ -430,15 +518,25 @@ def tensor_cores(c: Context) -> Finding | None:
             if value is not None:
                 evidence[key] = str(value)
         confirmed = c.live.autocast_enabled is False
+        tf32, new_api = c.live.tf32_matmul, c.live.new_precision_api
     ampere = cc >= (8, 0)
-    if ampere:
-        snippet = (
-            "torch.set_float32_matmul_precision('high')  # TF32 tensor cores for fp32 matmuls\n"
+    autocast_lines = (
+        "with torch.autocast('cuda', dtype=torch.bfloat16):\n    loss = loss_fn(model(x), y)"
+    )
+    if ampere and tf32:
+        # the session already allows TF32 for matmuls: what is left is mixed precision
+        snippet = "# TF32 is already allowed for matmuls in this session\n" + autocast_lines
+        fix = "Train in bf16 with autocast: TF32 is allowed, yet these matmuls/convolutions run in fp32."
+    elif ampere:
+        # PyTorch refuses to mix its legacy TF32 flags with fp32_precision: advise the API in use
+        tf32_lines = (
+            "torch.backends.cuda.matmul.fp32_precision = 'tf32'  # TF32 tensor cores for fp32 matmuls\n"
+            "torch.backends.cudnn.conv.fp32_precision = 'tf32'    # and convolutions\n"
+            if new_api
+            else "torch.set_float32_matmul_precision('high')  # TF32 tensor cores for fp32 matmuls\n"
             "torch.backends.cudnn.allow_tf32 = True        # and convolutions (the default)\n"
-            "# or mixed precision, faster still:\n"
-            "with torch.autocast('cuda', dtype=torch.bfloat16):\n"
-            "    loss = loss_fn(model(x), y)"
         )
+        snippet = tf32_lines + "# or mixed precision, faster still:\n" + autocast_lines
         fix = "Allow TF32 or train in bf16 with autocast so matmuls and convolutions use tensor cores."
     else:
         snippet = (
@@ -842,7 +940,8 @@ def communication(c: Context) -> Finding | None:
 
 def dataparallel(c: Context) -> Finding | None:
     """``nn.DataParallel``: one process drives every GPU; DDP is the supported way."""
-    spans = c.trace.host.name.mask(lambda n: n == "DataParallel.forward")
+    host = c.trace.host
+    spans = host.name.mask(lambda n: n == "DataParallel.forward") & c.host_in_steps(host.ts)
     live = c.live.data_parallel if c.live is not None else ()
     if not spans.any() and not live:
         return None

@@ -58,6 +58,7 @@ class Steps:
     device_events: np.ndarray  # GPU events launched from inside each step's CPU span
     source: str  # "ProfilerStep", "DataLoader" or "trace"
     dropped: int = 0  # tail steps left out because their GPU work was not all recorded
+    first_left_out: bool = False  # the first marked step (first-call setup) is not among these
 
     def __len__(self) -> int:
         return len(self.names)
@@ -72,7 +73,11 @@ class Steps:
 
 
 def find_steps(
-    trace: Trace, launch_runtime: np.ndarray, use_marks: bool = True, mark_limit: int | None = None
+    trace: Trace,
+    launch_runtime: np.ndarray,
+    use_marks: bool = True,
+    mark_limit: int | None = None,
+    skip_first: bool = False,
 ) -> Steps:
     """Find the steps of ``trace``.
 
@@ -81,7 +86,10 @@ def find_steps(
     ``use_marks=False`` ignores ``ProfilerStep#N`` spans. ``mark_limit=n`` keeps only
     ``ProfilerStep#N`` with ``N < n``: a profiled cell that called ``gpumagic.step()`` n
     times closed n steps, and the span the profiler opened after the last call is the
-    cell's tail (code after the loop), not a step.
+    cell's tail (code after the loop), not a step. ``skip_first=True`` leaves the first
+    ``ProfilerStep`` out when others remain: a cell profiled from its first iteration pays
+    first-call costs there (cuBLAS/cuDNN handles and workspaces, lazy loading of CUDA modules,
+    autotuning, DataLoader start-up) that no later step repeats (audit M8).
     """
     host = trace.host
     names = host.name
@@ -109,7 +117,25 @@ def find_steps(
                 lo, hi = trace.start, trace.end
             h_start, h_end = np.array([lo]), np.array([hi])
             labels, source = ["0"], "trace"
-    return _extend_to_device(trace, launch_runtime, labels, h_start, h_end, source)
+    steps = _extend_to_device(trace, launch_runtime, labels, h_start, h_end, source)
+    if skip_first and source == "ProfilerStep" and len(steps) > 1:
+        # after the extension, so the next step still starts where the first one's GPU work ended
+        steps = _without_first(steps)
+    return steps
+
+
+def _without_first(st: Steps) -> Steps:
+    return Steps(
+        names=st.names[1:],
+        start=st.start[1:],
+        end=st.end[1:],
+        host_start=st.host_start[1:],
+        host_end=st.host_end[1:],
+        device_events=st.device_events[1:],
+        source=st.source,
+        dropped=st.dropped,
+        first_left_out=True,
+    )
 
 
 def _extend_to_device(

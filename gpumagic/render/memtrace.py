@@ -49,9 +49,10 @@ def memtrace_text(self: MemTrace) -> str:
             ]
         )
     body = text_table(
-        ["line", "hits", "delta", "peak", "allocated", "time", "source"], rows, left=[6]
+        ["line", "hits", "delta", "peak", "allocated", self.time_label, "source"], rows, left=[6]
     )
     parts = [_header_text(self), body]
+    parts.extend(f"note: {n}" for n in (self.time_note, *self.notes) if n)
     if self.oom is not None:
         parts.append(oom_text(self.oom))
     return "\n".join(parts)
@@ -67,7 +68,7 @@ def memtrace_html(self: MemTrace) -> str:
         "line",
         "statement",
         "hits",
-        "time",
+        self.time_label,
         "Δ allocated",
         "peak in statement",
         "allocated after",
@@ -132,7 +133,11 @@ def memtrace_html(self: MemTrace) -> str:
     notes = f'<div class="gm-note">Tracking {escape(self.device.label)}: {escape(self.device.why)}.'
     if self.has_breakdown:
         notes += " Params/grads/optimizer/other: memory after the statement by owner."
-    notes += " Highlighted rows: heaviest statements.</div>"
+    notes += " Highlighted rows: heaviest statements."
+    for extra in (self.time_note, *self.notes):
+        if extra:
+            notes += " " + escape(extra if extra.endswith(".") else extra + ".")
+    notes += "</div>"
     body = (
         title
         + summary
@@ -166,6 +171,8 @@ def oom_text(report: OomReport) -> str:
             else ""
         )
     )
+    if report.requested_note:
+        lines.append(f"  asked for: {report.requested_note}")
     if report.limit_note:
         lines.append(f"  note: {report.limit_note}")
     if report.released:
@@ -204,6 +211,8 @@ def oom_html(report: OomReport) -> str:
         f'<div class="gm-box"><b>Out of memory on {escape(report.device)}</b>: {escape(report.exception)}'
     ]
     out.append(kv(facts))
+    if report.requested_note:
+        out.append(f'<div class="gm-note">Asked for: {escape(report.requested_note)}.</div>')
     if report.limit_note:
         out.append(f'<div class="gm-note">{escape(report.limit_note)}</div>')
     if report.holders or report.unnamed_count:

@@ -51,9 +51,17 @@ def _steps_label(s: dict[str, Any]) -> str:
         label = "one per DataLoader batch"
     else:
         label = "the whole trace (no step marks)"
+    if s.get("first_step_left_out"):
+        label += "; the first (setup) left out, --keep-first keeps it"
     if s["steps_dropped"]:
         label += f"; the last {s['steps_dropped']} dropped: its GPU work was not all recorded"
     return label
+
+
+def _steps_count(s: dict[str, Any]) -> str:
+    """The step count: "6", or "5 of 6" when steps were left out of the statistics."""
+    recorded = s["steps"] + int(bool(s.get("first_step_left_out"))) + s["steps_dropped"]
+    return f"{s['steps']} of {recorded}" if recorded != s["steps"] else str(s["steps"])
 
 
 def _pct(value: float | None) -> str:
@@ -64,7 +72,7 @@ def _headline_items(r: ProfileResult) -> list[tuple[str, str]]:
     s = r.summary
     items = [
         ("wall time", fmt_us(s["wall_time_us"])),
-        ("steps", f"{s['steps']} ({_steps_label(s)})"),
+        ("steps", f"{_steps_count(s)} ({_steps_label(s)})"),
         (
             "step time",
             f"{fmt_us(s['step_time_us'])} (min {fmt_us(s['step_time_min_us'])}, max {fmt_us(s['step_time_max_us'])})",
@@ -141,6 +149,7 @@ def _finding_text(i: int, f: Finding) -> list[str]:
 def profile_text(r: ProfileResult, rows: int = 10) -> str:
     s = r.summary
     lines = [f"%%gpuprofile {_title(r)}"]
+    lines += [f"  note: {n}" for n in r.notes]
     lines += [f"  {k}: {v}" for k, v in _headline_items(r)]
     bd = r.breakdown
     lines.append("")
@@ -514,6 +523,7 @@ def profile_html(r: ProfileResult, rows: int = 15) -> str:
     s = r.summary
     parts = [
         f"<h4>%%gpuprofile <span class='gm-sub'>{escape(_title(r))}</span></h4>",
+        "".join(f"<div class='gm-box gm-record-note'>{escape(n)}</div>" for n in r.notes),
         kv((k, escape(v)) for k, v in _headline_items(r)),
         "<div class='gm-note'>Step-time breakdown: each instant of a step counted once, "
         "Kernel &gt; Memcpy &gt; Memset &gt; Communication &gt; Runtime &gt; DataLoader &gt; "

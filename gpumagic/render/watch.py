@@ -21,7 +21,7 @@ import numpy as np
 
 from gpumagic.monitor import metrics as M
 from gpumagic.monitor.alerts import cell_note
-from gpumagic.monitor.result import device_values
+from gpumagic.monitor.result import device_values, utilization_of
 from gpumagic.render.html import PALETTE, Rendered, escape, kv, table, text_table, wrap
 from gpumagic.render.svg import Band, Chart, Series, render_small_multiples
 from gpumagic.units import fmt_bytes, fmt_percent, fmt_us
@@ -434,6 +434,7 @@ def _cell_flag(cell: CellRecord) -> str:
 
 def _cell_rows(result: WatchResult) -> list[list[str]]:
     snap = result.snapshot
+    several = sum(d.kind == "gpu" for d in snap.devices) > 1
     rows = []
     for cell in snap.cells:
         head = [
@@ -445,8 +446,10 @@ def _cell_rows(result: WatchResult) -> list[list[str]]:
         if cell.samples == 0:
             tail = ["no sample"] + [""] * (3 if result.has_gpus else 1)
         elif result.has_gpus:
+            # on a box of several GPUs, say whose utilisation it is (this process's GPUs)
+            own = utilization_of(cell, snap.devices) if cell.utilization_rows and several else ""
             tail = [
-                fmt_percent(cell.peak_utilization),
+                fmt_percent(cell.peak_utilization) + (f" ({own})" if own else ""),
                 fmt_percent(cell.mean_utilization),
                 fmt_bytes(cell.peak_memory),
                 fmt_bytes(cell.peak_process_memory),

@@ -38,9 +38,12 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def plain_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+# No fixture clears CUDA_VISIBLE_DEVICES here (audit T4): torch read it when it started, and a
+# watcher reading another value than torch did would watch other GPUs than torch's.
+
+
+def _watched_gpus(w: Any) -> int:
+    return sum(d.kind == "gpu" for d in w.devices)
 
 
 def test_real_samples() -> None:
@@ -53,13 +56,14 @@ def test_real_samples() -> None:
     assert wait_for(lambda: w.samples_taken >= 5, 5.0)
     result = w.stop()
     gpus = result.samples[result.samples["device"] != "host"]
-    assert len(gpus) >= 5 * torch.cuda.device_count()
+    assert len(gpus) >= 5 * _watched_gpus(w) > 0  # T4: the watcher's own device list
     first = gpus[gpus["cuda_index"] == 0]
     assert (first["name"] == torch.cuda.get_device_name(0)).all()
     total = torch.cuda.get_device_properties(0).total_memory
     assert first["memory_total"].iloc[-1] == pytest.approx(total, rel=0.05)
     assert first["utilization_gpu"].between(0, 100).all()
-    assert first["memory_used"].gt(0).all()
+    # T3: an idle H100/H200 shows 0 MiB used in the v2 struct (as nvidia-smi does): >= 0
+    assert first["memory_used"].between(0, first["memory_total"].iloc[-1]).all()
     assert first["temperature"].between(1, 120).all()
     assert first["clock_sm"].gt(0).all() and first["clock_mem"].gt(0).all()
     assert first["power_limit"].gt(0).all() and first["power_draw"].gt(0).all()
@@ -101,6 +105,66 @@ def test_torch_uuids_match_nvml() -> None:
     assert order is not None and len(order) == len(uuids)
 
 
+_TORCH_AND_PARSE = """
+import json, os, torch
+from gpumagic.monitor.devices import parse_visible_devices
+from gpumagic.monitor.nvml import nvml_state
+nvml_uuids = [g.uuid for g in nvml_state().gpus]
+order, notes = parse_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), nvml_uuids)
+torch_nvml_count = torch.cuda.device_count()  # torch's own parser, before CUDA starts
+runtime_count = torch._C._cuda_getDeviceCount()  # cudaGetDeviceCount: what CUDA exposes
+uuids = []
+if runtime_count > 0:
+    torch.cuda.init()
+    uuids = ["GPU-" + str(torch.cuda.get_device_properties(i).uuid) for i in range(runtime_count)]
+print(json.dumps({"ours": [nvml_uuids[i] for i in order], "runtime": uuids,
+                  "torch_parser": torch_nvml_count, "notes": notes}))
+"""
+
+
+def _subprocess_env(env_value: str | None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    if env_value is not None:
+        env["CUDA_VISIBLE_DEVICES"] = env_value
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the kit's site dir too
+    return env
+
+
+def test_t5_m5_visible_devices_parsed_as_cuda_exposes_them() -> None:
+    """T5: in a fresh process per value, the GPUs parse_visible_devices picks are the ones the
+    CUDA runtime exposes to torch (duplicates, strtoul-like ordinals, UUID prefixes, M5)."""
+    from gpumagic.monitor.nvml import nvml_state
+
+    gpus = nvml_state().gpus
+    first, last = gpus[0], gpus[-1]
+    assert first.uuid is not None and last.uuid is not None
+    cases = [
+        str(last.nvml_index),
+        f"{last.nvml_index},99",
+        f"{last.nvml_index},{last.nvml_index}",  # a repeat: CUDA exposes nothing
+        f"{first.nvml_index}gpu",  # strtoul: the leading digits
+        last.uuid[:12],
+        f"{last.uuid},{last.uuid[:12]}",  # one GPU twice, by UUID and by prefix
+        "",
+        "-1",
+    ]
+    if len(gpus) > 1:
+        cases += [f"{last.nvml_index},{first.nvml_index}", f"{first.nvml_index},{last.nvml_index},{first.nvml_index}"]
+    for value in cases:
+        out = subprocess.run(
+            [sys.executable, "-c", _TORCH_AND_PARSE],
+            cwd=REPO,
+            env=_subprocess_env(value),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        seen = json.loads(out.stdout.strip().splitlines()[-1])
+        assert seen["ours"] == seen["runtime"], (value, seen, out.stderr[-2000:])
+
+
 def _devices_in_subprocess(env_value: str | None) -> dict[str, Any]:
     code = (
         "import json; from gpumagic.monitor import Watcher\n"
@@ -108,10 +172,7 @@ def _devices_in_subprocess(env_value: str | None) -> dict[str, Any]:
         "print(json.dumps({'reason': w.reason, 'notes': w.notes(), 'gpus': "
         "[[d.cuda_index, d.nvml_index, d.uuid] for d in w.devices if d.kind == 'gpu']}))"
     )
-    env = dict(os.environ)
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    if env_value is not None:
-        env["CUDA_VISIBLE_DEVICES"] = env_value
+    env = _subprocess_env(env_value)
     out = subprocess.run(
         [sys.executable, "-c", code],
         cwd=REPO,
@@ -162,9 +223,10 @@ def test_busy_cell_shows_high_utilization(wshell: Any) -> None:
     cell = result.cells.iloc[-1]
     assert cell["samples"] >= 5
     assert cell["peak_utilization"] >= 50
+    assert cell["utilization_of"] == "cuda:0"  # M12: the GPU this process used
     assert cell["peak_memory"] >= 256 * 1024**2  # two 256 MiB matrices
     html = result._repr_mimebundle_()["text/html"]
-    assert html.count("<svg") == 4 * torch.cuda.device_count() + 2
+    assert html.count("<svg") == 4 * _watched_gpus(w) + 2  # T4
     wshell.user_ns.pop("a", None)
     wshell.user_ns.pop("b", None)
     torch.cuda.empty_cache()

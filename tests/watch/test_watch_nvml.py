@@ -186,9 +186,8 @@ def test_nvml_init_once_per_process(fake_nvml: Any) -> None:
         ("2,0", [2, 0]),
         (" 3 , 1 ", [3, 1]),
         ("GPU-cccc", [2]),  # a UUID prefix, as CUDA accepts
-        ("GPU-bbbb2222,0", [1, 0]),
+        ("GPU-bbbb2222,GPU-aaaa", [1, 0]),
         ("1,9,2", [1]),  # CUDA stops at the first entry that names no device
-        ("0,0", [0]),
         ("-1", []),
         ("", []),
         ("GPU-", []),  # ambiguous prefix
@@ -199,11 +198,51 @@ def test_parse_visible_devices(env: str | None, expected: list[int]) -> None:
     assert order == expected
 
 
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        # a repeated entry anywhere before the list ends: torch/CUDA expose nothing at all
+        ("0,0", []),
+        ("1,0,1", []),
+        ("1,9,1", []),  # torch checks repeats before the range: still nothing
+        ("GPU-bbbb,GPU-aaaa,GPU-bbbb", []),
+        ("GPU-bbbb2222,GPU-bbbb", []),  # two prefixes of one GPU
+        # ordinals read like strtoul: the leading digits
+        ("1gpu2,2ampere", [1, 2]),
+        ("+2", [2]),
+        ("0,-1,1", [0]),  # a negative ordinal ends the list
+        ("0,x", [0]),
+        # the first entry sets the kind: another kind ends the list
+        ("GPU-bbbb2222,0", [1]),
+        ("2,GPU-aaaa", [2]),
+        ("gpu-cccc", []),  # "GPU-" is case-sensitive for torch: this reads as no ordinal
+    ],
+)
+def test_m5_visible_devices_parsed_as_torch_does(env: str, expected: list[int]) -> None:
+    order, notes = parse_visible_devices(env, UUIDS)
+    assert order == expected
+    if expected == [] and env.count(",") and env.split(",")[0].strip().lstrip("+").isdigit():
+        assert any("repeats" in n and "no device at all" in n for n in notes)
+
+
+def test_m5_notes_and_reasons_say_what_cuda_does(fake_nvml: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, notes = parse_visible_devices("1gpu2", UUIDS)
+    assert notes == ["CUDA_VISIBLE_DEVICES entry '1gpu2' reads as 1 (CUDA takes its leading digits)"]
+    fake_nvml(four_gpus())
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0,1")
+    w = Watcher(cells=False)
+    assert [d.kind for d in w.devices] == ["host"]
+    assert w.reason == "no GPU visible: CUDA_VISIBLE_DEVICES='1,0,1' repeats an entry, so CUDA exposes none"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
+    w = Watcher(cells=False)
+    assert w.reason is not None and "names no device NVML lists here" in w.reason
+
+
 def test_visible_devices_mapping_shows_both_indexes(
     fake_nvml: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake_nvml(four_gpus())
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,GPU-aaaa")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
     w = Watcher(cells=False)
     gpus = [d for d in w.devices if d.kind == "gpu"]
     assert [(d.cuda_index, d.nvml_index, d.name) for d in gpus] == [
@@ -266,7 +305,7 @@ def test_memory_and_throttle_alerts(fake_nvml: Any) -> None:
     fake = fake_nvml(
         [
             gpu("A", "GPU-a", mem_used=15_000 * MIB, mem_total=16_000 * MIB, throttle=0x40 | 0x1),
-            gpu("B", "GPU-b", throttle=0x4),
+            gpu("B", "GPU-b", throttle=0x80),  # the hardware power brake
             gpu("C", "GPU-c", throttle=0x1 | 0x10),
         ]
     )
@@ -319,7 +358,7 @@ def test_ring_values_are_float_nan_for_missing(fake_nvml: Any) -> None:
         [
             gpu(
                 unsupported={
-                    "nvmlDeviceGetTemperature",
+                    "nvmlDeviceGetTemperature",  # NOT_SUPPORTED: no successor is asked
                     "nvmlDeviceGetComputeRunningProcesses",
                     "nvmlDeviceGetComputeRunningProcesses_v2",
                 }

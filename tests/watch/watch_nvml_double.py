@@ -23,7 +23,8 @@ def gpu(
         "uuid": uuid,
         "util": 50,
         "mem_util": 20,
-        "mem_used": 1000 * MIB,
+        "mem_used": 1000 * MIB,  # as nvidia-smi and the v2 struct count it
+        "mem_reserved": 0,  # the driver's reserved memory: v1's "used" includes it
         "mem_total": 16000 * MIB,
         "temp": 60,
         "power_mw": 150_000,
@@ -36,15 +37,28 @@ def gpu(
         "missing": set(),  # names that raise FUNCTION_NOT_FOUND (older driver)
         "transient": set(),  # names that raise UNKNOWN on their next call only
         "lost": False,
+        # MIG: None (a board without MIG: nvmlDeviceGetMigMode is NOT_SUPPORTED), or the
+        # mode and the instances by slot (None for an empty slot), each made by mig()
+        "mig_mode": None,
+        "mig_slots": [],
     }
     state.update(values)
     return state
 
 
+def mig(name: str, uuid: str, **values: Any) -> dict[str, Any]:
+    """A MIG instance, for ``gpu(mig_mode=1, mig_slots=[mig(...), None, ...])``."""
+    return gpu(name, uuid, **values)
+
+
 class FakeNvml:
+    """Board handles are their NVML index; a MIG handle is ``(board, slot)``, as distinct
+    from a board's as pynvml's ``c_nvmlDevice_t`` pointers are."""
+
     NVML_TEMPERATURE_GPU = 0
     NVML_CLOCK_SM = 1
     NVML_CLOCK_MEM = 2
+    NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
     nvmlMemory_v2 = pynvml.nvmlMemory_v2
     NVMLError = pynvml.NVMLError
 
@@ -52,10 +66,21 @@ class FakeNvml:
         self.gpus = gpus
         self.calls: Counter[str] = Counter()
         self.init_error = init_error
+        self.handles_asked: list[tuple[str, Any]] = []  # (function, handle) for every call
+        self.initialised = 0  # nvmlInit minus nvmlShutdown (NVML's reference count)
 
-    def _gpu(self, fn: str, handle: int) -> dict[str, Any]:
+    def _state(self, handle: Any) -> dict[str, Any]:
+        if isinstance(handle, tuple):
+            board, slot = handle
+            instance = self.gpus[board]["mig_slots"][slot]
+            assert instance is not None, "a handle NVML never gave out"
+            return instance
+        return self.gpus[handle]
+
+    def _gpu(self, fn: str, handle: Any) -> dict[str, Any]:
         self.calls[fn] += 1
-        g = self.gpus[handle]
+        self.handles_asked.append((fn, handle))
+        g = self._state(handle)
         if g["lost"]:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
         if fn in g["unsupported"]:
@@ -71,6 +96,20 @@ class FakeNvml:
         self.calls["nvmlInit"] += 1
         if self.init_error is not None:
             raise pynvml.NVMLError(self.init_error)
+        self.initialised += 1
+
+    def nvmlShutdown(self) -> None:
+        self.calls["nvmlShutdown"] += 1
+        self.initialised -= 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return "580.65.06"
+
+    def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
+        return 13000
+
+    def nvmlDeviceGetCudaComputeCapability(self, h: Any) -> tuple[int, int]:
+        return self._state(h).get("capability", (9, 0))
 
     def nvmlDeviceGetCount(self) -> int:
         return len(self.gpus)
@@ -79,49 +118,76 @@ class FakeNvml:
         self.calls["nvmlDeviceGetHandleByIndex"] += 1
         return index
 
-    def nvmlDeviceGetName(self, h: int) -> str:
-        return self.gpus[h]["name"]
+    def nvmlDeviceGetName(self, h: Any) -> str:
+        return self._state(h)["name"]
 
-    def nvmlDeviceGetUUID(self, h: int) -> bytes:
-        return self.gpus[h]["uuid"].encode()  # older nvidia-ml-py returns bytes
+    def nvmlDeviceGetUUID(self, h: Any) -> bytes:
+        return self._state(h)["uuid"].encode()  # older nvidia-ml-py returns bytes
 
-    def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
+    # -- MIG (signatures and error codes as in nvidia-ml-py's pynvml.py) --------------------
+    def nvmlDeviceGetMigMode(self, h: Any) -> list[int]:
+        g = self._gpu("nvmlDeviceGetMigMode", h)
+        if g["mig_mode"] is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return [g["mig_mode"], g["mig_mode"]]  # [current, pending]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: Any) -> int:
+        g = self._gpu("nvmlDeviceGetMaxMigDeviceCount", h)
+        if g["mig_mode"] is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return len(g["mig_slots"])
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: Any, index: int) -> tuple[int, int]:
+        g = self._gpu("nvmlDeviceGetMigDeviceHandleByIndex", h)
+        if index >= len(g["mig_slots"]):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if g["mig_slots"][index] is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)  # an empty slot
+        return (h, index)
+
+    def nvmlDeviceGetUtilizationRates(self, h: Any) -> Any:
         g = self._gpu("nvmlDeviceGetUtilizationRates", h)
         return SimpleNamespace(gpu=g["util"], memory=g["mem_util"])
 
-    def nvmlDeviceGetMemoryInfo(self, h: int, version: int | None = None) -> Any:
+    def nvmlDeviceGetMemoryInfo(self, h: Any, version: int | None = None) -> Any:
         g = self._gpu("nvmlDeviceGetMemoryInfo", h)
+        free = g["mem_total"] - g["mem_used"] - g["mem_reserved"]
+        if not version:  # v1: "used" is everything not free, the driver's reservation too
+            return SimpleNamespace(total=g["mem_total"], used=g["mem_total"] - free, free=free)
         return SimpleNamespace(
-            total=g["mem_total"], used=g["mem_used"], free=g["mem_total"] - g["mem_used"]
+            total=g["mem_total"], reserved=g["mem_reserved"], used=g["mem_used"], free=free
         )
 
-    def nvmlDeviceGetTemperature(self, h: int, sensor: int) -> int:
+    def nvmlDeviceGetTemperature(self, h: Any, sensor: int) -> int:
         return self._gpu("nvmlDeviceGetTemperature", h)["temp"]
 
-    def nvmlDeviceGetPowerUsage(self, h: int) -> int:
+    def nvmlDeviceGetTemperatureV(self, h: Any, sensor: int) -> int:
+        return self._gpu("nvmlDeviceGetTemperatureV", h)["temp"]
+
+    def nvmlDeviceGetPowerUsage(self, h: Any) -> int:
         return self._gpu("nvmlDeviceGetPowerUsage", h)["power_mw"]
 
-    def nvmlDeviceGetPowerManagementLimit(self, h: int) -> int:
+    def nvmlDeviceGetPowerManagementLimit(self, h: Any) -> int:
         return self._gpu("nvmlDeviceGetPowerManagementLimit", h)["limit_mw"]
 
-    def nvmlDeviceGetClockInfo(self, h: int, kind: int) -> int:
+    def nvmlDeviceGetClockInfo(self, h: Any, kind: int) -> int:
         g = self._gpu("nvmlDeviceGetClockInfo", h)
         return g["sm"] if kind == self.NVML_CLOCK_SM else g["mem_clock"]
 
-    def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int:
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: Any) -> int:
         return self._gpu("nvmlDeviceGetCurrentClocksEventReasons", h)["throttle"]
 
-    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h: int) -> int:
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h: Any) -> int:
         return self._gpu("nvmlDeviceGetCurrentClocksThrottleReasons", h)["throttle"]
 
-    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[Any]:
+    def nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[Any]:
         g = self._gpu("nvmlDeviceGetComputeRunningProcesses", h)
         return [SimpleNamespace(pid=pid, usedGpuMemory=mem) for pid, mem in g["procs"]]
 
-    def nvmlDeviceGetComputeRunningProcesses_v2(self, h: int) -> list[Any]:
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, h: Any) -> list[Any]:
         g = self._gpu("nvmlDeviceGetComputeRunningProcesses_v2", h)
         return [SimpleNamespace(pid=pid, usedGpuMemory=mem) for pid, mem in g["procs"]]
 
-    def nvmlDeviceGetPcieThroughput(self, h: int, counter: int) -> int:  # must never be called
+    def nvmlDeviceGetPcieThroughput(self, h: Any, counter: int) -> int:  # must never be called
         self.calls["nvmlDeviceGetPcieThroughput"] += 1
         return 0
