@@ -58,6 +58,15 @@ def fmt_percent(p: float | None, signed: bool = False) -> str:
     return f"{sign}{p:.1f}%" if abs(p) < 10 else f"{sign}{p:.0f}%"
 
 
+def fmt_gbps(gbps: float | None) -> str:
+    """A bandwidth in GB/s (10^9 bytes per second, as nccl-tests prints it)."""
+    if gbps is None or (isinstance(gbps, float) and math.isnan(gbps)):
+        return "–"
+    if gbps < 1:
+        return f"{gbps * 1000:.0f} MB/s" if gbps >= 0.001 else f"{gbps * 1e6:.0f} kB/s"
+    return f"{gbps:.1f} GB/s" if gbps < 100 else f"{gbps:.0f} GB/s"
+
+
 def fmt_count(n: float | int | None) -> str:
     if n is None or (isinstance(n, float) and math.isnan(n)):
         return "–"

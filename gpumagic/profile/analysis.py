@@ -23,6 +23,7 @@ from gpumagic.profile.breakdown import (
     device_metrics,
     step_breakdown,
 )
+from gpumagic.profile.comms import Communication
 from gpumagic.profile.events import KERNEL, MEMCPY, MEMSET, Trace
 from gpumagic.profile.idle import IDLE_CATEGORIES, Gaps, device_gaps, ops_during, stream_idle
 from gpumagic.profile.steps import Steps, find_steps, is_dataloader, is_profiler_step
@@ -201,12 +202,20 @@ class Analysis:
     @cached_property
     def breakdown(self) -> Breakdown:
         cpu_exec = ~self.is_step_mark & ~self.is_dataloader
-        cats = category_intervals(self.trace, self.is_dataloader, cpu_exec)
+        comms = self.comms
+        cats = category_intervals(
+            self.trace, self.is_dataloader, cpu_exec, comms.kernels, comms.intervals
+        )
         return step_breakdown(self.steps, cats)
 
     @cached_property
     def devices(self) -> list[DeviceMetrics]:
-        return device_metrics(self.trace, self.steps)
+        return device_metrics(self.trace, self.steps, self.comms.kernels)
+
+    @cached_property
+    def comms(self) -> Communication:
+        """Communication: collectives, their overlap with compute, the calls (issue 11)."""
+        return Communication(self)
 
     @cached_property
     def collective_us_per_step(self) -> float:

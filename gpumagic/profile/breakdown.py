@@ -1,12 +1,16 @@
 """Step-time breakdown and GPU-side metrics (utilisation, SM efficiency, occupancy).
 
 Every instant of a step is given to exactly one category, the first of
-``Kernel > Memcpy > Memset > Runtime > DataLoader > CPU Exec > Other`` that is active
-then: a kernel running while the CPU is in the DataLoader counts as Kernel (the GPU was
-busy), the DataLoader only gets the time nothing on the GPU or in the CUDA runtime
-overlapped it. This is the PyTorch Profiler TensorBoard plugin's "step time breakdown",
-computed here in one sweep over the elementary segments between all interval
+``Kernel > Memcpy > Memset > Communication > Runtime > DataLoader > CPU Exec > Other``
+that is active then: a kernel running while the CPU is in the DataLoader counts as Kernel
+(the GPU was busy), the DataLoader only gets the time nothing on the GPU or in the CUDA
+runtime overlapped it. This is the PyTorch Profiler TensorBoard plugin's "step time
+breakdown", computed here in one sweep over the elementary segments between all interval
 boundaries instead of a chain of interval subtractions.
+
+Communication (issue 11) is the plugin's role too, found as :mod:`gpumagic.profile.comms`
+says: NCCL/RCCL kernels by name (not in Kernel: a collective's time counts where no compute
+kernel, copy or set runs), and on a CPU backend its collective spans.
 """
 
 from __future__ import annotations
@@ -19,7 +23,16 @@ from gpumagic.profile import intervals
 from gpumagic.profile.events import KERNEL, MEMCPY, MEMSET, Trace
 from gpumagic.profile.steps import Steps
 
-CATEGORIES = ("Kernel", "Memcpy", "Memset", "Runtime", "DataLoader", "CPU Exec", "Other")
+CATEGORIES = (
+    "Kernel",
+    "Memcpy",
+    "Memset",
+    "Communication",
+    "Runtime",
+    "DataLoader",
+    "CPU Exec",
+    "Other",
+)
 OTHER = len(CATEGORIES) - 1
 
 
@@ -27,7 +40,7 @@ OTHER = len(CATEGORIES) - 1
 class Breakdown:
     """Per step, the µs of each category (rows: steps, columns: :data:`CATEGORIES`)."""
 
-    us: np.ndarray  # shape (steps, 7)
+    us: np.ndarray  # shape (steps, len(CATEGORIES))
     step_us: np.ndarray  # shape (steps,)
 
     @property
@@ -45,17 +58,26 @@ class Breakdown:
 
 
 def category_intervals(
-    trace: Trace, dataloader: np.ndarray, cpu_exec: np.ndarray
+    trace: Trace,
+    dataloader: np.ndarray,
+    cpu_exec: np.ndarray,
+    comm_kernels: np.ndarray | None = None,
+    communication: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """The intervals of each category but Other, in priority order.
 
-    ``dataloader`` and ``cpu_exec`` are boolean masks over the host events.
+    ``dataloader`` and ``cpu_exec`` are boolean masks over the host events;
+    ``comm_kernels`` a mask over GPU events left out of Kernel, and ``communication``
+    the Communication intervals (none when not given).
     """
     gpu, rt, host = trace.gpu, trace.runtime, trace.host
     out = []
     for kind in (KERNEL, MEMCPY, MEMSET):
         m = gpu.kind == kind
+        if kind == KERNEL and comm_kernels is not None:
+            m &= ~comm_kernels
         out.append((gpu.ts[m], gpu.end[m]))
+    out.append(communication if communication is not None else (np.zeros(0), np.zeros(0)))
     out.append((rt.ts, rt.end))
     out.append((host.ts[dataloader], host.end[dataloader]))
     out.append((host.ts[cpu_exec], host.end[cpu_exec]))
@@ -91,23 +113,30 @@ class DeviceMetrics:
     """One GPU's activity over the analysed steps (percentages of the steps' span)."""
 
     device: int
-    utilization_percent: float  # time any kernel ran
+    utilization_percent: float  # time any compute kernel ran
     sm_efficiency_percent: float | None  # blocks per SM summed over running kernels, capped at 1
     occupancy_percent: float | None  # est. achieved occupancy, weighted by kernel time
     kernel_us: float
+    communication_percent: float | None = None  # time communication kernels ran
 
 
-def device_metrics(trace: Trace, steps: Steps) -> list[DeviceMetrics]:
+def device_metrics(
+    trace: Trace, steps: Steps, comm_kernels: np.ndarray | None = None
+) -> list[DeviceMetrics]:
     """Utilisation, estimated SM efficiency and achieved occupancy per GPU.
 
     As in the TensorBoard plugin, only kernels count (not copies), and the window is
-    from the first step's start to the last step's end.
+    from the first step's start to the last step's end. Communication kernels
+    (``comm_kernels``) are not computation: they spin on few SMs while data moves, so
+    they count apart, as ``communication_percent``.
     """
     gpu = trace.gpu
     lo, hi = steps.span
     span = hi - lo
     out: list[DeviceMetrics] = []
     kernels = gpu.kind == KERNEL
+    comm = np.zeros(len(gpu.ts), bool) if comm_kernels is None else comm_kernels
+    kernels = kernels & ~comm
     for dev in np.unique(gpu.device[kernels]).tolist():
         m = kernels & (gpu.device == dev)
         s, e = intervals.clip(gpu.ts[m], gpu.end[m], lo, hi)
@@ -133,6 +162,14 @@ def device_metrics(trace: Trace, steps: Steps) -> list[DeviceMetrics]:
             w = np.where(has_occ & (dur > 0), dur, 0.0)
             if w.sum() > 0:
                 occupancy = float((np.where(has_occ, occ, 0.0) * w).sum() / w.sum())
+        comm_pct: float | None = None
+        on_dev = comm & (gpu.device == dev)
+        if on_dev.any() and span > 0:
+            comm_pct = (
+                100.0
+                * intervals.total(*intervals.clip(gpu.ts[on_dev], gpu.end[on_dev], lo, hi))
+                / span
+            )
         out.append(
             DeviceMetrics(
                 device=int(dev),
@@ -140,6 +177,7 @@ def device_metrics(trace: Trace, steps: Steps) -> list[DeviceMetrics]:
                 sm_efficiency_percent=sm_eff,
                 occupancy_percent=occupancy,
                 kernel_us=busy,
+                communication_percent=comm_pct,
             )
         )
     return out

@@ -49,6 +49,12 @@ class Comparison(Rendered):
                 sb["achieved_occupancy_percent"],
             ),
             ("steps", sa["steps"], sb["steps"]),
+            ("communication_percent", sa["communication_percent"], sb["communication_percent"]),
+            (
+                "communication_overlap_percent",
+                sa["communication_overlap_percent"],
+                sb["communication_overlap_percent"],
+            ),
         ]
         frame = pd.DataFrame(rows, columns=["metric", "a", "b"]).set_index("metric")
         frame = frame.astype(float)

@@ -178,6 +178,9 @@ class _Distributed(msgspec.Struct):
     rank: int | None = None
     world_size: int | None = None
     backend: str | None = None
+    # torch >= 2.1 lists the process groups (a collective's group size when
+    # record_param_comms did not record it); raw, so an odd shape never fails the trace
+    pg_config: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
 
 
 class _TraceFile(msgspec.Struct):
@@ -346,6 +349,8 @@ class Trace:
     end: float  # last event end
     events: int  # duration events kept
     notes: list[str] = field(default_factory=list)
+    backend: str | None = None  # distributedInfo.backend: "nccl", "gloo", ...
+    group_sizes: list[int] = field(default_factory=list)  # distributedInfo.pg_config sizes
 
     @property
     def has_gpu(self) -> bool:
@@ -540,7 +545,26 @@ def decode_trace(data: bytes, source: str) -> Trace:
         start=start,
         end=end,
         events=n_kept,
+        backend=dist.backend if dist is not None else None,
+        group_sizes=_group_sizes(dist.pg_config) if dist is not None else [],
     )
+
+
+def _group_sizes(raw: msgspec.Raw) -> list[int]:
+    """``pg_size`` of each process group in ``distributedInfo.pg_config`` (none if unreadable)."""
+    if not len(raw):
+        return []
+    try:
+        groups = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return []
+    if not isinstance(groups, list):
+        return []
+    return [
+        g["pg_size"]
+        for g in groups
+        if isinstance(g, dict) and isinstance(g.get("pg_size"), int) and g["pg_size"] > 0
+    ]
 
 
 def _host_events(sub: list[_Complete], thread: np.ndarray) -> HostEvents:

@@ -39,6 +39,17 @@ class OptimizerState:
 
 
 @dataclass(frozen=True)
+class DdpState:
+    """A ``DistributedDataParallel`` model found in the namespace, as configured."""
+
+    name: str
+    bucket_cap_mb: float | None = None
+    gradient_as_bucket_view: bool | None = None
+    find_unused_parameters: bool | None = None
+    static_graph: bool | None = None
+
+
+@dataclass(frozen=True)
 class LiveState:
     """Session facts the rules may use; ``None`` everywhere means trace-only diagnosis."""
 
@@ -54,6 +65,11 @@ class LiveState:
     conv_fp32_precision: str | None = None  # torch.backends.cudnn.conv.fp32_precision
     autocast_enabled: bool | None = None  # the cell ran (some of) its work under autocast
     notes: tuple[str, ...] = field(default=())
+    # multi-GPU (issue 11): nn.DataParallel wrappers and DDP models in the namespace, and
+    # the default process group's backend when torch.distributed is initialised
+    data_parallel: tuple[str, ...] = ()
+    ddp: tuple[DdpState, ...] = ()
+    distributed_backend: str | None = None
 
     @property
     def num_workers(self) -> int | None:
@@ -122,6 +138,7 @@ def capture_live_state(
                     fused=defaults.get("fused"),
                 )
             )
+    data_parallel, ddp = _parallel_wrappers(torch, namespace)
     backends: Any = getattr(torch, "backends", None)
     return LiveState(
         loaders=tuple(loaders),
@@ -133,6 +150,9 @@ def capture_live_state(
         matmul_fp32_precision=_flag(lambda: backends.cuda.matmul.fp32_precision, str),
         conv_fp32_precision=_flag(lambda: backends.cudnn.conv.fp32_precision, str),
         autocast_enabled=autocast_enabled,
+        data_parallel=data_parallel,
+        ddp=ddp,
+        distributed_backend=_distributed_backend(torch),
     )
 
 
@@ -149,3 +169,40 @@ def _flag(read: Callable[[], Any], kind: type[_T]) -> _T | None:
     except Exception:
         return None
     return value if isinstance(value, kind) else None
+
+
+def _parallel_wrappers(
+    torch: Any, namespace: Mapping[str, Any]
+) -> tuple[tuple[str, ...], tuple[DdpState, ...]]:
+    parallel = getattr(getattr(torch, "nn", None), "parallel", None)
+    dp_cls = getattr(parallel, "DataParallel", None)
+    ddp_cls = getattr(parallel, "DistributedDataParallel", None)
+    dp: list[str] = []
+    ddp: list[DdpState] = []
+    for name, value in list(namespace.items()):
+        if name.startswith("_"):
+            continue
+        if dp_cls is not None and isinstance(value, dp_cls):
+            dp.append(name)
+        elif ddp_cls is not None and isinstance(value, ddp_cls):
+            cap = getattr(value, "bucket_bytes_cap", None)
+            ddp.append(
+                DdpState(
+                    name=name,
+                    bucket_cap_mb=cap / 2**20 if isinstance(cap, (int, float)) else None,
+                    gradient_as_bucket_view=getattr(value, "gradient_as_bucket_view", None),
+                    find_unused_parameters=getattr(value, "find_unused_parameters", None),
+                    static_graph=getattr(value, "static_graph", None),
+                )
+            )
+    return tuple(dp), tuple(ddp)
+
+
+def _distributed_backend(torch: Any) -> str | None:
+    dist = getattr(torch, "distributed", None)
+    try:
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return None
+        return str(dist.get_backend())
+    except (RuntimeError, ValueError, AttributeError):
+        return None

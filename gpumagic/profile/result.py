@@ -114,8 +114,10 @@ class ProfileResult(Rendered):
             }
             for c, p in zip(CATEGORIES, bd.percent.tolist()):
                 row[f"{c}_percent"] = p
+            row.update(_communication_row(a))
             rows.append(row)
         frame = pd.DataFrame(rows)
+        frame["collective_wait_us_per_step"] = self._collective_waits
         frame["slowest"] = frame["rank"] == self.slowest_rank
         return frame.sort_values("rank", kind="stable").reset_index(drop=True)
 
@@ -164,11 +166,12 @@ class ProfileResult(Rendered):
             "events": trace.events,
             "findings": len(self.findings),
         }
+        out.update(self._communication_summary())
         return out
 
     @cached_property
     def breakdown(self) -> pd.DataFrame:
-        """Mean µs per step and percent of the step, per category (index: the 7 categories)."""
+        """Mean µs per step and percent of the step, per category (index: :data:`CATEGORIES`)."""
         return self.primary.breakdown_frame()
 
     @cached_property
@@ -199,6 +202,58 @@ class ProfileResult(Rendered):
     def idle_breakdown(self, window: str = "steps", gaps: int = 10) -> IdleReport:
         """The idle analysis over another window: ``"hta"`` reproduces HTA's selection."""
         return self.primary.idle_report(window, gaps)
+
+    @cached_property
+    def collectives(self) -> pd.DataFrame:
+        """Collectives per rank: calls, device/host time, message bytes, group size,
+        algorithm and bus bandwidth as nccl-tests defines them (see :mod:`gpumagic.profile.comms`)."""
+        import pandas as pd
+
+        frames = [
+            a.comms.collectives_frame(self._rank_of(i, a)) for i, a in enumerate(self._analyses)
+        ]
+        frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+        return frame.sort_values("rank", kind="stable").reset_index(drop=True)
+
+    @cached_property
+    def overlap(self) -> pd.DataFrame:
+        """Per rank and step: computation only, overlap, communication only, other (µs): the
+        TensorBoard plugin's Distributed View."""
+        import pandas as pd
+
+        frames = [
+            a.comms.overlap_frame(self._rank_of(i, a), a.steps)
+            for i, a in enumerate(self._analyses)
+        ]
+        frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+        return frame.sort_values("rank", kind="stable").reset_index(drop=True)
+
+    @cached_property
+    def _collective_waits(self) -> list[float | None]:
+        """Per rank (in analysis order), µs per step waiting in collectives for the others."""
+        from gpumagic.profile.comms import collective_waits
+
+        return collective_waits(self._analyses)
+
+    def _communication_summary(self) -> dict[str, Any]:
+        a = self.primary
+        comms = a.comms
+        i = self._analyses.index(a)
+        percent = dict(zip(CATEGORIES, a.breakdown.percent.tolist()))
+        us = dict(zip(CATEGORIES, a.breakdown.mean_us.tolist()))
+        return {
+            "communication_percent": percent["Communication"],
+            "communication_us_per_step": us["Communication"],
+            "communication_overlap_percent": comms.overlap_percent,
+            "communication_exposed_us_per_step": _communication_row(a)[
+                "communication_only_us_per_step"
+            ]
+            if comms.present
+            else 0.0,
+            "communication_busy_percent": comms.busy_percent(a.steps),
+            "collective_calls": len(comms.calls),
+            "collective_wait_us_per_step": self._collective_waits[i],
+        }
 
     @cached_property
     def findings(self) -> list[Finding]:
@@ -244,3 +299,16 @@ class ProfileResult(Rendered):
         out = Path(path)
         out.write_text(report_document(self, rows=rows), encoding="utf-8")
         return out
+
+
+def _communication_row(a: Analysis) -> dict[str, Any]:
+    """The per-rank columns of communication: the overlap, and the per-step split."""
+    split = a.comms.step_split(a.steps)
+    mean = split.mean(axis=0) if len(split) else [0.0] * 4
+    return {
+        "communication_overlap_percent": a.comms.overlap_percent,
+        "computation_only_us_per_step": float(mean[0]),
+        "overlap_us_per_step": float(mean[1]),
+        "communication_only_us_per_step": float(mean[2]),
+        "other_us_per_step": float(mean[3]),
+    }

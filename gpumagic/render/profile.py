@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpumagic.render.comms import communication_html, communication_text
+from gpumagic.render.comms import headline_items as comms_headline_items
 from gpumagic.render.html import escape, kv, table, text_table, wrap
 from gpumagic.units import fmt_bytes, fmt_count, fmt_percent, fmt_us
 
@@ -26,6 +28,7 @@ CATEGORY_COLORS = {
     "Kernel": "#3b7dd8",
     "Memcpy": "#8e6bbf",
     "Memset": "#c3a3e3",
+    "Communication": "#17a2b8",
     "Runtime": "#f0ad4e",
     "DataLoader": "#d9534f",
     "CPU Exec": "#5cb85c",
@@ -78,12 +81,22 @@ def _headline_items(r: ProfileResult) -> list[tuple[str, str]]:
     if s["cpu_only"]:
         items.append(("GPU", "none in this trace (CPU-only analysis)"))
     else:
-        items.append(("GPU utilisation", _pct(s["gpu_utilization_percent"])))
+        # communication kernels do not count as utilisation; say so where there are some
+        util = (
+            "GPU utilisation (compute kernels)"
+            if s["communication_busy_percent"]
+            else "GPU utilisation"
+        )
+        value = _pct(s["gpu_utilization_percent"])
+        if s["communication_busy_percent"] and s["communication_overlap_percent"] is not None:
+            value += f"; communication {_pct(s['communication_busy_percent'])} of the steps"
+        items.append((util, value))
         if s["sm_efficiency_percent"] is not None:
             items.append(("est. SM efficiency", _pct(s["sm_efficiency_percent"])))
         if s["achieved_occupancy_percent"] is not None:
             items.append(("achieved occupancy", _pct(s["achieved_occupancy_percent"])))
         items.append(("GPU idle", f"{fmt_us(s['gpu_idle_us_per_step'])} per step"))
+    items += comms_headline_items(r)
     if s["ranks"] > 1:
         items.append(
             ("ranks", f"{s['ranks']}, slowest: rank {s['slowest_rank']} (tables below are its)")
@@ -111,6 +124,7 @@ def _text_bar(percent: dict[str, float], width: int = 50) -> str:
                     "Kernel": "K",
                     "Memcpy": "M",
                     "Memset": "S",
+                    "Communication": "N",
                     "Runtime": "R",
                     "DataLoader": "D",
                     "CPU Exec": "C",
@@ -159,6 +173,9 @@ def profile_text(r: ProfileResult, rows: int = 10) -> str:
         lines.append("")
         lines.append("Per rank")
         lines.append(_per_rank_text(r))
+    comm = communication_text(r, rows)
+    if comm:
+        lines += ["", comm]
     if not s["cpu_only"]:
         idle = r.idle
         n = max(s["steps"], 1)
@@ -230,6 +247,7 @@ def _per_rank_rows(r: ProfileResult) -> tuple[list[str], list[list[str]]]:
     headers = ["rank", "file", "steps", "step time", "GPU util", "GPU idle/step"] + [
         c for c in CATEGORY_COLORS
     ]
+    headers += ["comm overlap", "coll. wait/step"]
     body = []
     for row in pr.itertuples():
         d = row._asdict()
@@ -244,8 +262,16 @@ def _per_rank_rows(r: ProfileResult) -> tuple[list[str], list[list[str]]]:
                 fmt_us(row.gpu_idle_us_per_step),
             ]
             + [fmt_percent(pr.loc[row.Index, f"{c}_percent"]) for c in CATEGORY_COLORS]
+            + [
+                _pct(_finite(d["communication_overlap_percent"])),
+                fmt_us(_finite(d["collective_wait_us_per_step"])),
+            ]
         )
     return headers, body
+
+
+def _finite(value: Any) -> float | None:
+    return float(value) if value is not None and np.isfinite(value) else None
 
 
 def _per_rank_text(r: ProfileResult) -> str:
@@ -500,7 +526,8 @@ def profile_html(r: ProfileResult, rows: int = 15) -> str:
         "".join(f"<div class='gm-box gm-record-note'>{escape(n)}</div>" for n in r.notes),
         kv((k, escape(v)) for k, v in _headline_items(r)),
         "<div class='gm-note'>Step-time breakdown: each instant of a step counted once, "
-        "Kernel &gt; Memcpy &gt; Memset &gt; Runtime &gt; DataLoader &gt; CPU Exec &gt; Other</div>",
+        "Kernel &gt; Memcpy &gt; Memset &gt; Communication &gt; Runtime &gt; DataLoader &gt; "
+        "CPU Exec &gt; Other</div>",
         stacked_bar(s["breakdown_percent"]),
     ]
     if r.findings:
@@ -521,6 +548,7 @@ def profile_html(r: ProfileResult, rows: int = 15) -> str:
                 headers, [[escape(c) for c in row] for row in body], left=[0, 1], row_classes=slow
             )
         )
+    parts.append(communication_html(r, rows))
     parts.append("<h4>Steps</h4>")
     parts.append(timeline_svg(r))
     bd = r.breakdown
@@ -597,6 +625,8 @@ _METRIC_LABELS = {
     "sm_efficiency_percent": "est. SM efficiency",
     "achieved_occupancy_percent": "achieved occupancy",
     "steps": "steps",
+    "communication_percent": "communication (not hidden)",
+    "communication_overlap_percent": "communication overlap",
 }
 
 

@@ -28,6 +28,7 @@ class TraceBuilder:
     def __init__(self, gpu: str = "NVIDIA A100-SXM4-40GB", major: int = 8, sms: int = 108) -> None:
         self.events: list[dict[str, Any]] = []
         self.corr = 1
+        self.distributed: dict[str, Any] | None = None  # written as distributedInfo
         self.props = [
             {
                 "id": 0,
@@ -39,14 +40,16 @@ class TraceBuilder:
             }
         ]
 
-    def op(self, name: str, ts: float, dur: float, cat: str = "cpu_op", **args: Any) -> None:
+    def op(
+        self, name: str, ts: float, dur: float, cat: str = "cpu_op", tid: int = 1, **args: Any
+    ) -> None:
         self.events.append(
             {
                 "ph": "X",
                 "cat": cat,
                 "name": name,
                 "pid": 1,
-                "tid": 1,
+                "tid": tid,
                 "ts": ts,
                 "dur": dur,
                 "args": {"External id": len(self.events), **args},
@@ -61,6 +64,8 @@ class TraceBuilder:
         gpu_dur: float,
         launch_dur: float = 5.0,
         cat: str = "kernel",
+        tid: int = 1,
+        runtime: str = "cudaLaunchKernel",
         **kargs: Any,
     ) -> None:
         c = self.corr
@@ -69,9 +74,9 @@ class TraceBuilder:
             {
                 "ph": "X",
                 "cat": "cuda_runtime",
-                "name": "cudaLaunchKernel",
+                "name": runtime,
                 "pid": 1,
-                "tid": 1,
+                "tid": tid,
                 "ts": ts,
                 "dur": launch_dur,
                 "args": {"correlation": c},
@@ -91,9 +96,12 @@ class TraceBuilder:
         )
 
     def write(self, path: Path) -> Path:
-        path.write_text(
-            json.dumps(
-                {"schemaVersion": 1, "deviceProperties": self.props, "traceEvents": self.events}
-            )
-        )
+        doc: dict[str, Any] = {
+            "schemaVersion": 1,
+            "deviceProperties": self.props,
+            "traceEvents": self.events,
+        }
+        if self.distributed is not None:
+            doc["distributedInfo"] = self.distributed
+        path.write_text(json.dumps(doc))
         return path

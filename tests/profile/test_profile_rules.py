@@ -99,7 +99,9 @@ def test_zero_grad_and_optimizer_on_old_resnet(load):
 
 def test_low_utilization_and_its_unexplained_remainder(load):
     f = rules(load("two_ranks/rank-0.json.gz"))["low_utilization"]
-    assert f.evidence["gpu_utilization_percent"] == pytest.approx(44.5, abs=0.1)
+    # compute kernels only: the NCCL kernels (27 points more) are communication
+    assert f.evidence["gpu_utilization_percent"] == pytest.approx(17.1, abs=0.1)
+    assert "Compute kernels run only" in f.message
     assert f.saving_us == pytest.approx(f.evidence["unexplained_idle_us_per_step"], abs=0.1)
     assert "low_utilization" not in rules(load("v100_training_5steps.json.gz"))
 

@@ -17,6 +17,16 @@ Runtime 0 and never sees DataLoader spans. --normalize rewrites those categories
 names the plugin understands (cpu_op/user_annotation -> Operator, cuda_runtime/cuda_driver ->
 Runtime, kernel -> Kernel, gpu_memcpy -> Memcpy, gpu_memset -> Memset, drops
 gpu_user_annotation) before handing the trace to the plugin's own parser.
+
+--comm-kernels-by-name (issue 11) changes one thing in the plugin: which events are
+communication. The plugin links NCCL kernels to their ``nccl:*`` CPU op through the
+External id, which on Kineto traces where the launch carries External id = correlation id
+finds none, so NCCL kernels count as Kernel. In this mode a kernel is communication when
+its name says so (``nccl*Kernel*``, as HTA classifies them), it no longer counts towards GPU
+utilisation, SM efficiency or occupancy, and the ``nccl:*`` CPU spans (which only enqueue the
+kernels) are CPU ops; ``gloo:*`` spans stay communication. The plugin's priority order,
+step rules and Distributed View are untouched; the mode also prints that view per step
+(computation, overlap, communication, other, as the plugin's costs hold them).
 """
 
 import gzip
@@ -57,6 +67,42 @@ def load(path, normalize):
 
 
 normalize = "--normalize" in sys.argv
+by_name = "--comm-kernels-by-name" in sys.argv
+if by_name:
+    import re
+
+    from torch_tb_profiler.profiler import event_parser, gpu_metrics_parser
+    from torch_tb_profiler.profiler.trace import EventTypes, NcclOpNameSet
+
+    COMM_KERNEL = re.compile(r"^(?:void )?(?:nccl|rccl)\w*Kernel")
+    _parse_step = event_parser.StepParser._parse_step
+    _parse_kernel = gpu_metrics_parser.GPUMetricsParser.parse_event
+
+    def parse_step(self, event, comm_nodes):
+        ts, dur = event.ts, event.duration
+        if event.type == EventTypes.KERNEL and COMM_KERNEL.match(event.name):
+            self.role_ranges[ProfileRole.Communication].append((ts, ts + dur))
+            self.global_min_ts = min(self.global_min_ts, ts)
+            self.global_max_ts = max(self.global_max_ts, ts + dur)
+            return
+        if event.type == EventTypes.KERNEL:
+            comm_nodes = {}  # no External-id lookup: a kernel is communication by name only
+        if event.name in NcclOpNameSet:
+            self.role_ranges[ProfileRole.CpuOp].append((ts, ts + dur))
+            if event.type in (EventTypes.PYTHON, EventTypes.OPERATOR):
+                self.cpu_min_ts = min(self.cpu_min_ts, ts)
+                self.cpu_max_ts = max(self.cpu_max_ts, ts + dur)
+            self.global_min_ts = min(self.global_min_ts, ts)
+            self.global_max_ts = max(self.global_max_ts, ts + dur)
+            return
+        _parse_step(self, event, comm_nodes)
+
+    def parse_kernel(self, event):
+        if not COMM_KERNEL.match(event.name):
+            _parse_kernel(self, event)
+
+    event_parser.StepParser._parse_step = parse_step
+    gpu_metrics_parser.GPUMetricsParser.parse_event = parse_kernel
 for path in [a for a in sys.argv[1:] if not a.startswith("--")]:
     data = RunProfileData.from_json("worker", "span", load(path, normalize))
     costs = data.avg_costs.costs
@@ -74,6 +120,16 @@ for path in [a for a in sys.argv[1:] if not a.startswith("--")]:
     row["sm_efficiency"] = [round(100 * u, 3) for u in sm]
     occ = [u for u in data.gpu_metrics_parser.avg_occupancy_per_device if u is not None]
     row["occupancy"] = [round(u, 3) for u in occ]
+    if by_name:
+        row["distributed_view"] = [
+            [
+                round(c.computation, 1),
+                round(c.overlap, 1),
+                round(c.communication, 1),
+                round(c.other, 1),
+            ]
+            for c in data.comm_overlap_costs
+        ]
     print(
         path.rsplit("/", 2)[-1]
         if "two_ranks" not in path
