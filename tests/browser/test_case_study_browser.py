@@ -26,12 +26,16 @@ NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "02_case_study.ip
 RUN_TIMEOUT_S = 420.0
 
 def _cell_indexes(prefix: str) -> list[int]:
-    """Indexes (0-based, markdown included, as LabPage counts them) of code cells starting with prefix."""
+    """Indexes (0-based, markdown included, as LabPage counts them) of code cells with a line
+    starting with prefix (a comparison is kept: ``comparison = %gpuprofile --compare ...``)."""
     import nbformat
 
     nb = nbformat.read(NOTEBOOK, as_version=4)
     return [
-        i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.startswith(prefix)
+        i
+        for i, c in enumerate(nb.cells)
+        if c.cell_type == "code"
+        and any(ln.split("= ", 1)[-1].startswith(prefix) for ln in c.source.splitlines()[:1])
     ]
 
 
