@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 OUT ?= out
 PYTEST_ARGS ?=
 
-.PHONY: setup lab notebooks demo test test-fast bench lint clean
+.PHONY: setup lab notebooks demo test test-fast bench lint clean gpu-wheels gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,20 @@ lint: setup
 	$(BIN)/ruff check gpumagic tests benchmarks
 	$(BIN)/mypy gpumagic
 	$(BIN)/lint-imports
+
+## here: download the cp312 wheels the GPU machine lacks (IPython, msgspec, nbclient, ...) and check the set
+GPU_WHEELS ?= .gpu-wheels
+gpu-wheels:
+	rm -rf $(GPU_WHEELS)
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--abi cp312 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+		--platform manylinux_2_26_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		--platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d $(GPU_WHEELS) -r tools/gpu_wheels.txt
+	$(PYTHON) tools/check_wheels.py $(GPU_WHEELS)
+
+## on the GPU machine: verify every CUDA/NVML path (tools/gpu_check.py; stops at once without CUDA)
+gpu-check:
+	bash tools/gpu-check.sh
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache *.egg-info

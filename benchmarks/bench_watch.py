@@ -16,13 +16,16 @@
 
 On a machine without an NVIDIA driver the watcher samples the host (psutil) and that is
 what is measured; on a GPU machine the same script measures the NVML path.
+``--sample-cost-only`` measures 2. alone (a few seconds; what ``make gpu-check`` runs), with
+the wall time of one ``sample_now()`` beside it; ``--json PATH`` writes the numbers.
 
-    python benchmarks/bench_watch.py [--pairs N] [--seconds S]
+    python benchmarks/bench_watch.py [--pairs N] [--seconds S] [--sample-cost-only] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -149,6 +152,19 @@ def bench_sample_cost(seconds: float = 3.0) -> dict[str, Any]:
     return {"samples": n1 - n0, "cpu_per_sample_s": (c1 - c0) / max(1, n1 - n0)}
 
 
+def bench_sample_wall(samples: int = 50) -> dict[str, Any]:
+    """Wall time of one ``sample_now()`` on the calling thread, after a warm-up sample."""
+    w = Watcher(interval=1.0, cells=False)
+    w.sample_now()
+    times = []
+    for _ in range(samples):
+        t = time.perf_counter()
+        w.sample_now()
+        times.append(time.perf_counter() - t)
+    w.stop()
+    return {"wall_per_sample_s": statistics.median(times), "wall_samples": samples, "reason": w.reason}
+
+
 def bench_render() -> dict[str, Any]:
     w = Watcher(interval=1.0, window=300.0, cells=False)
     for _ in range(capacity_for(300.0, 1.0)):
@@ -196,6 +212,8 @@ def _print_slowdown(n: int, slow: dict[str, Any], pairs: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Print the figures; the exit status is 1 when the 1 s slowdown target is not met."""
     results = run(argv)
+    if "slowdown" not in results:  # --sample-cost-only: figures, no target
+        return 0
     failed, _ = verdict(results["slowdown"]["cpu_ratios"], TARGET_RATIO)
     return 1 if failed else 0
 
@@ -215,7 +233,13 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     # 1% target; a single-threaded CPU-bound loop leaves the second core to the OS, and the
     # pairs then agree within a few percent. 0 = torch's own choice.
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1; 0: torch's choice)")
+    parser.add_argument(
+        "--sample-cost-only", action="store_true", help="only the CPU and wall time per sample"
+    )
+    parser.add_argument("--json", metavar="PATH", help="also write the numbers as JSON")
     args = parser.parse_args(argv)
+    if args.sample_cost_only:
+        return _sample_cost_only(args.json)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
 
@@ -253,6 +277,26 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         f"{render['ring_bytes_one_day'] / 2**20:.1f} MiB for a one-day window (fixed, preallocated)"
     )
     return {"slowdown": slow, "slowdown_fast": fast, "sample_cost": cost, "render": render}
+
+
+def _sample_cost_only(json_path: str | None) -> dict[str, Any]:
+    cost = bench_sample_cost()
+    cost.update(bench_sample_wall())
+    reason = cost.pop("reason")
+    print("gpumagic %gpuwatch: cost of one sample")
+    print(f"  sampling: {'GPU (NVML)' if reason is None else 'host only: ' + reason}")
+    print(
+        f"  CPU per sample (sampler thread, steady state): {cost['cpu_per_sample_s'] * 1e6:.0f} µs "
+        f"({cost['samples']} samples)"
+    )
+    print(
+        f"  wall per sample_now(): {cost['wall_per_sample_s'] * 1e6:.0f} µs "
+        f"(median of {cost['wall_samples']})"
+    )
+    out = {"reason": reason, "sample_cost": cost}
+    if json_path:
+        Path(json_path).write_text(json.dumps(out, indent=1))
+    return out
 
 
 if __name__ == "__main__":
