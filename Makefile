@@ -49,7 +49,7 @@ bench: setup
 
 ## ruff, mypy, and the import contracts in pyproject.toml (cores never import the front end)
 lint: setup
-	$(BIN)/ruff check gpumagic tests benchmarks
+	$(BIN)/ruff check gpumagic tests benchmarks tools
 	$(BIN)/mypy gpumagic
 	$(BIN)/lint-imports
 
