@@ -16,6 +16,16 @@ from gpumagic.units import fmt_percent
 if TYPE_CHECKING:
     import pandas as pd
 
+_LINE_DELTA_COLUMNS = [
+    "a_hits",
+    "b_hits",
+    "a_host_us",
+    "b_host_us",
+    "delta_host_us",
+    "a_device_us",
+    "b_device_us",
+    "delta_device_us",
+]
 # A category must move by this many percentage points to be named in the headline.
 _HEADLINE_PP = 2.0
 
@@ -95,6 +105,39 @@ class Comparison(Rendered):
                 }
             )
         return pd.DataFrame(rows, columns=["rule", "a_saving_us", "b_saving_us", "status"])
+
+    @cached_property
+    def lines(self) -> pd.DataFrame:
+        """Per line of the cell, both runs' host and device µs, hits, and the change.
+
+        Rows pair by line number and source, so two runs of the same cell line up; a line
+        that ran in one run only has NaN for the other. Empty unless both runs have lines."""
+        import pandas as pd
+
+        columns = ["line", "source"]
+        a, b = self.a.lines, self.b.lines
+        if a.empty or b.empty:
+            return pd.DataFrame(columns=[*columns, *_LINE_DELTA_COLUMNS])
+        keep = ["line", "source", "hits", "host_us", "device_us"]
+        # a statement's position tells apart two identical lines ("x = f(x)" twice)
+        a = a[keep].assign(nth=a.groupby(columns).cumcount())
+        b = b[keep].assign(nth=b.groupby(columns).cumcount())
+        merged = a.merge(b, on=[*columns, "nth"], how="outer", suffixes=("_a", "_b"), sort=False)
+        frame = pd.DataFrame(
+            {
+                "line": merged["line"],
+                "source": merged["source"],
+                "a_hits": merged["hits_a"],
+                "b_hits": merged["hits_b"],
+                "a_host_us": merged["host_us_a"],
+                "b_host_us": merged["host_us_b"],
+                "delta_host_us": merged["host_us_b"] - merged["host_us_a"],
+                "a_device_us": merged["device_us_a"],
+                "b_device_us": merged["device_us_b"],
+                "delta_device_us": merged["device_us_b"] - merged["device_us_a"],
+            }
+        )
+        return frame.sort_values("line", kind="stable").reset_index(drop=True)
 
     @property
     def step_time_change_percent(self) -> float | None:
