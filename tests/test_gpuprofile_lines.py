@@ -90,7 +90,9 @@ def test_heavy_and_light_statements_in_a_loop(ip, run):
 
 
 def test_statement_ranges_leave_the_breakdown_and_operator_table_alone(ip, run):
-    r = run("%%gpuprofile -q\nimport time, torch\nfor i in range(3):\n    time.sleep(0.02)\n    y = torch.randn(64, 64) @ torch.randn(64, 64)\n")
+    r = run(
+        "%%gpuprofile -q\nimport time, torch\nfor i in range(3):\n    time.sleep(0.02)\n    y = torch.randn(64, 64) @ torch.randn(64, 64)\n"
+    )
     assert r.result.success, r.stdout
     p = ip.user_ns["_gpuprofile"]
     assert not [n for n in p.ops["name"] if n.startswith("gpumagic.")]
@@ -136,7 +138,8 @@ def test_modules_forward_and_backward_named_as_the_namespace_names_them(ip, run,
     for col in ("forward_host_us", "backward_host_us"):
         assert m.loc["model", col] >= m.loc[children, col].sum() * 0.999
     assert m.loc["model.blocks.0", "backward_host_us"] == pytest.approx(
-        m.loc["model.blocks.0.fc", "backward_host_us"] + m.loc["model.blocks.0.act", "backward_host_us"]
+        m.loc["model.blocks.0.fc", "backward_host_us"]
+        + m.loc["model.blocks.0.act", "backward_host_us"]
     )
     # the model's forward is the forward line's work; its backward the backward line's
     lines = p.lines.set_index("line")
@@ -313,3 +316,20 @@ def test_record_function_fallback_gives_the_same_ranges(ip):
     assert list(r.lines["source"]) == ["s0", "s1"]
     assert list(r.modules["module"]) == ["lin"] and int(r.modules["calls"].iloc[0]) == 3
     assert not [n for n in r.ops["name"] if n.startswith("gpumagic.")]
+
+
+def test_a_schedule_records_the_lines_of_its_window(ip, run, net):
+    r = run(
+        "%%gpuprofile -q --wait 1 --warmup 1 --active 2\n"
+        "for step in range(6):\n"
+        "    y = model(x)\n"
+        "    gpumagic.step()\n"
+    )
+    assert r.result.success, r.stdout
+    assert _global_hooks() == (0, 0)
+    p = ip.user_ns["_gpuprofile"]
+    lines = p.lines.set_index("line")
+    # only the two active steps are in the trace: two forward passes, not six
+    assert lines.loc[3, "hits"] == 2
+    assert int(p.modules.set_index("module").loc["model", "calls"]) == 2
+    assert not [n for n in p.ops["name"] if n.startswith("gpumagic.")]

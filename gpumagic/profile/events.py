@@ -552,9 +552,11 @@ def decode_trace(data: bytes, source: str) -> Trace:
         _correlate_by_flows(data, gpu, runtime)
 
     spans = [(x.ts, x.end) for x in (host, runtime, gpu, syncs) if len(x.ts)]
+    n_kept = sum(len(s) for s, _ in spans)
+    # a cell of plain Python has its statement ranges and nothing else
+    spans = spans or [(x.ts, x.end) for x in (code.statements, code.modules) if len(x.ts)]
     if not spans:
         raise TraceError(source, "the trace has no duration events (ph 'X') to analyse")
-    n_kept = sum(len(s) for s, _ in spans)
     start = min(float(s.min()) for s, _ in spans)
     end = max(float(e.max()) for _, e in spans)
     devices = [

@@ -64,6 +64,20 @@ def argmax_per_group(
     return out
 
 
+_EMPTY: dict[tuple[str, ...], pd.DataFrame] = {}
+
+
+def empty_frame(columns: list[str], text: tuple[str, ...]) -> pd.DataFrame:
+    """An empty table with these columns (``text`` ones of strings, the others numbers);
+    built once: most traces have no lines, and pandas takes a millisecond to build one."""
+    key = tuple(columns)
+    if key not in _EMPTY:
+        _EMPTY[key] = pd.DataFrame(
+            {c: pd.Series(dtype=object if c in text else float) for c in columns}
+        )
+    return _EMPTY[key].copy()
+
+
 class LineAttribution:
     """Per-statement numbers of one analysed trace (see the module docstring)."""
 
@@ -126,12 +140,7 @@ class LineAttribution:
     def _frame(self) -> pd.DataFrame:
         n = len(self.keys)
         if n == 0:
-            return pd.DataFrame(
-                {
-                    c: pd.Series(dtype=object if c in ("source", "top_op", "top_kernel") else float)
-                    for c in LINE_COLUMNS
-                }
-            )
+            return empty_frame(LINE_COLUMNS, ("source", "top_op", "top_kernel"))
         trace = self.a.trace
         gpu, host = trace.gpu, trace.host
         key_row = self._span_row

@@ -24,6 +24,7 @@ import pandas as pd
 
 from gpumagic.profile import tree
 from gpumagic.profile.analysis import Analysis
+from gpumagic.profile.lines import empty_frame
 from gpumagic.profile.spans import CodeSpans, torch_module_type
 
 MODULE_COLUMNS = [
@@ -166,12 +167,7 @@ class ModuleAttribution:
     def _frame(self) -> pd.DataFrame:
         n = len(self.keys)
         if n == 0:
-            return pd.DataFrame(
-                {
-                    c: pd.Series(dtype=object if c in ("module", "type", "parent") else float)
-                    for c in MODULE_COLUMNS
-                }
-            )
+            return empty_frame(MODULE_COLUMNS, ("module", "type", "parent"))
         trace, spans = self.a.trace, self.code.modules
         gpu = trace.gpu
         parent, rt_span, _, _ = self._links

@@ -9,22 +9,28 @@ module ranges come from global forward pre/post hooks, registered only while the
 runs. Both are named by keys only (``gpumagic.line#3 L4``, ``gpumagic.module#7``); what
 the keys stand for is :meth:`CodeProbe.labels` (see :mod:`gpumagic.profile.spans`).
 
-The range API. Measured on torch 2.13 (CPU build, this repository's 2-core machine) while
-a profiler records, µs per enter/exit pair (``python benchmarks/bench_lines.py --ranges``):
+The range API. Measured on torch 2.13 (CPU build, this repository's shared 2-core machine)
+while a profiler records, µs per enter/exit pair, over runs on a busy and a quiet machine
+(``python benchmarks/bench_lines.py --mode ranges``):
 
-* ``torch.profiler.record_function``: 15-25. A Python context manager around two
+* ``torch.profiler.record_function``: 10-25. A Python context manager around two
   dispatcher ops; the op dispatch is most of it (pytorch#107195).
 * ``torch.ops.profiler._record_function_enter_new`` / ``_record_function_exit`` called
-  directly: slower still, ~95, as the op packets resolve their overload on every call.
-* ``torch._C._profiler._RecordFunctionFast``: ~2. A C++ RecordFunction guard with no
-  dispatcher, what torch.compile's generated code uses for its own ranges.
+  directly: slower still, 20-28 with their overloads resolved once and 38-95 through the
+  op packets, which resolve the overload on every call.
+* ``torch._C._profiler._RecordFunctionFast``: 0.7-2.5. A C++ RecordFunction guard with no
+  dispatcher, what torch.compile's generated code uses for its own ranges; 0.15 when no
+  profiler runs.
+
+A module call costs 5 µs more with the hooks and its range (2 of them for a pair of global
+hooks doing nothing, which makes ``nn.Module.__call__`` take its slow path).
 
 ``_RecordFunctionFast`` is private and came with pytorch#107195 (August 2023); where a torch
 lacks it, ``record_function`` is used: the same ranges, slower. It records its ranges as
 ``cpu_op`` events where ``record_function`` makes ``user_annotation`` ones; the loader takes
 both out of the host events by name. Entered while the profiler does not record (a
-schedule's wait and warm-up steps) it holds no range, and leaving it then raises a
-RuntimeError, which is ignored: there was nothing to close.
+schedule's wait and warm-up steps) it holds no range; left once recording has begun, it
+raises a RuntimeError, which is ignored: there was nothing to close.
 """
 
 from __future__ import annotations

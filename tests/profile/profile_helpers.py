@@ -39,14 +39,16 @@ class TraceBuilder:
             }
         ]
 
-    def op(self, name: str, ts: float, dur: float, cat: str = "cpu_op", **args: Any) -> None:
+    def op(
+        self, name: str, ts: float, dur: float, cat: str = "cpu_op", tid: int = 1, **args: Any
+    ) -> None:
         self.events.append(
             {
                 "ph": "X",
                 "cat": cat,
                 "name": name,
                 "pid": 1,
-                "tid": 1,
+                "tid": tid,
                 "ts": ts,
                 "dur": dur,
                 "args": {"External id": len(self.events), **args},
@@ -61,6 +63,7 @@ class TraceBuilder:
         gpu_dur: float,
         launch_dur: float = 5.0,
         cat: str = "kernel",
+        tid: int = 1,
         **kargs: Any,
     ) -> None:
         c = self.corr
@@ -71,7 +74,7 @@ class TraceBuilder:
                 "cat": "cuda_runtime",
                 "name": "cudaLaunchKernel",
                 "pid": 1,
-                "tid": 1,
+                "tid": tid,
                 "ts": ts,
                 "dur": launch_dur,
                 "args": {"correlation": c},
