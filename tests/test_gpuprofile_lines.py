@@ -236,7 +236,7 @@ def test_dataloader_finding_names_the_line_of_its_for(ip, run):
     assert f.as_dict()["line"] == 3
     assert "line 3 · `for x, y in loader:`" in p.to_text()
     html = p._repr_mimebundle_()["text/html"]
-    assert "line 3 · <code>for x, y in loader:</code>" in html
+    assert "<b>line 3</b> · <code>for x, y in loader:</code>" in html
     lines = p.lines.set_index("line")
     assert lines.loc[3, "top_op"].startswith("enumerate(DataLoader)#_SingleProcessDataLoaderIter")
 
@@ -283,6 +283,7 @@ def test_compare_shows_per_line_deltas(ip, run, net):
     assert abs(lines.loc[3, "delta_host_us"]) < lines.loc[4, "delta_host_us"]
     assert "Per line" in r.html() and "time.sleep(pause)" in r.html()
     assert "Per line, before -> after" in r.plain()
+    assert "(new)" not in r.plain() and "(gone)" not in r.plain()
 
 
 def test_record_function_fallback_gives_the_same_ranges(ip):

@@ -7,6 +7,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from gpumagic.profile.breakdown import CATEGORIES
 from gpumagic.profile.load import load_trace
 from gpumagic.profile.result import ProfileResult
@@ -17,6 +19,10 @@ if TYPE_CHECKING:
     import pandas as pd
 
 _LINE_DELTA_COLUMNS = [
+    "line",
+    "source",
+    "a_line",
+    "b_line",
     "a_hits",
     "b_hits",
     "a_host_us",
@@ -108,25 +114,27 @@ class Comparison(Rendered):
 
     @cached_property
     def lines(self) -> pd.DataFrame:
-        """Per line of the cell, both runs' host and device µs, hits, and the change.
+        """Per line of the cell, both runs' hits, host and device µs, and the change.
 
-        Rows pair by line number and source, so two runs of the same cell line up; a line
-        that ran in one run only has NaN for the other. Empty unless both runs have lines."""
+        Lines pair by their source text (the n-th of several identical lines with the n-th),
+        so two runs of one cell line up, and so do the lines a fix left as they were when it
+        added or changed others around them (``a_line``, ``b_line``: where each run had it).
+        A line only one run has gets NaN for the other. Empty unless both runs have lines."""
         import pandas as pd
 
-        columns = ["line", "source"]
         a, b = self.a.lines, self.b.lines
         if a.empty or b.empty:
-            return pd.DataFrame(columns=[*columns, *_LINE_DELTA_COLUMNS])
+            return pd.DataFrame(columns=_LINE_DELTA_COLUMNS)
         keep = ["line", "source", "hits", "host_us", "device_us"]
-        # a statement's position tells apart two identical lines ("x = f(x)" twice)
-        a = a[keep].assign(nth=a.groupby(columns).cumcount())
-        b = b[keep].assign(nth=b.groupby(columns).cumcount())
-        merged = a.merge(b, on=[*columns, "nth"], how="outer", suffixes=("_a", "_b"), sort=False)
+        a = a[keep].assign(nth=a.groupby("source").cumcount())
+        b = b[keep].assign(nth=b.groupby("source").cumcount())
+        merged = a.merge(b, on=["source", "nth"], how="outer", suffixes=("_a", "_b"), sort=False)
         frame = pd.DataFrame(
             {
-                "line": merged["line"],
+                "line": merged["line_b"].fillna(merged["line_a"]),
                 "source": merged["source"],
+                "a_line": merged["line_a"],
+                "b_line": merged["line_b"],
                 "a_hits": merged["hits_a"],
                 "b_hits": merged["hits_b"],
                 "a_host_us": merged["host_us_a"],
@@ -135,9 +143,12 @@ class Comparison(Rendered):
                 "a_device_us": merged["device_us_a"],
                 "b_device_us": merged["device_us_b"],
                 "delta_device_us": merged["device_us_b"] - merged["device_us_a"],
-            }
+            },
+            columns=_LINE_DELTA_COLUMNS,
         )
-        return frame.sort_values("line", kind="stable").reset_index(drop=True)
+        # in the later run's order; lines it no longer has after the line they followed
+        order = frame["b_line"].fillna(frame["a_line"] + 0.5)
+        return frame.iloc[np.argsort(order.to_numpy(), kind="stable")].reset_index(drop=True)
 
     @property
     def step_time_change_percent(self) -> float | None:

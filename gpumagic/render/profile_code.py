@@ -47,7 +47,7 @@ def where_html(f: Finding) -> str:
     parts = []
     if f.line is not None:
         code = f" · <code>{escape(_first_line(f.source))}</code>" if f.source else ""
-        parts.append(f"line {f.line}{code}")
+        parts.append(f"<b>line {f.line}</b>{code}")
     if f.module:
         parts.append(f"module <code>{escape(f.module)}</code>")
     if not parts:
@@ -67,10 +67,8 @@ def _lines_title(r: ProfileResult, lines: pd.DataFrame) -> str:
 
     total = float(lines["host_us"].sum())
     span = line_attribution(r.primary).profiled_us
-    return (
-        f"host time {fmt_us(total)} in all, of the {fmt_us(span)} the statements spanned; "
-        "GPU time by the line that launched it"
-    )
+    text = f"host time {fmt_us(total)} in all, of the {fmt_us(span)} the statements spanned"
+    return text + ("; GPU time by the line that launched it" if _has_gpu(r) else "")
 
 
 def lines_text(r: ProfileResult) -> list[str]:
@@ -239,52 +237,71 @@ def modules_html(r: ProfileResult) -> str:
 # --- comparison --------------------------------------------------------------------------
 
 
-def comparison_lines_text(c: Comparison) -> list[str]:
+def _paired(c: Comparison) -> tuple[pd.DataFrame, bool] | None:
+    """The per-line rows to show (None: the runs share no line), and whether GPU time shows."""
     lines = c.lines
-    if lines.empty:
+    if lines.empty or not (lines["a_host_us"].notna() & lines["b_host_us"].notna()).any():
+        return None
+    gpu = bool((lines[["a_device_us", "b_device_us"]].fillna(0) > 0).to_numpy().any())
+    return lines, gpu
+
+
+def _line_cell(x: Any) -> str:
+    a, b = x.a_line, x.b_line
+    if a != a:  # NaN: only the later run has it
+        return f"{int(b)} (new)"
+    if b != b:
+        return f"{int(a)} (gone)"
+    return str(int(b)) if a == b else f"{int(b)} (was {int(a)})"
+
+
+def comparison_lines_text(c: Comparison) -> list[str]:
+    got = _paired(c)
+    if got is None:
         return []
+    lines, gpu = got
     a, b = c.names
-    body = [
-        [
-            _int(x.line),
-            f"{fmt_us(x.a_host_us)} -> {fmt_us(x.b_host_us)}",
-            fmt_us(x.delta_host_us, signed=True),
-            f"{fmt_us(x.a_device_us)} -> {fmt_us(x.b_device_us)}",
-            fmt_us(x.delta_device_us, signed=True),
-            _short(_first_line(str(x.source)), 60),
-        ]
-        for x in lines.itertuples()
-    ]
+    headers = ["line", "host", "change"] + (["device", "change"] if gpu else []) + ["source"]
+    body = []
+    for x in lines.itertuples():
+        row = [_line_cell(x), f"{fmt_us(x.a_host_us)} -> {fmt_us(x.b_host_us)}"]
+        row.append(fmt_us(x.delta_host_us, signed=True))
+        if gpu:
+            row += [
+                f"{fmt_us(x.a_device_us)} -> {fmt_us(x.b_device_us)}",
+                fmt_us(x.delta_device_us, signed=True),
+            ]
+        row.append(_short(_first_line(str(x.source)), 60))
+        body.append(row)
     return [
         "",
-        f"Per line, {a} -> {b}",
-        text_table(["line", "host", "change", "device", "change", "source"], body, left=[5]),
+        f"Per line, {a} -> {b} (lines paired by their source)",
+        text_table(headers, body, left=[len(headers) - 1]),
     ]
 
 
 def comparison_lines_html(c: Comparison) -> str:
-    lines = c.lines
-    if lines.empty:
+    got = _paired(c)
+    if got is None:
         return ""
+    lines, gpu = got
     a, b = c.names
-    body = [
-        [
-            _int(x.line),
+    headers = ["line", "statement", "host", "change"] + (["GPU", "change"] if gpu else [])
+    body = []
+    for x in lines.itertuples():
+        row = [
+            escape(_line_cell(x)),
             escape(_first_line(str(x.source))),
             escape(f"{fmt_us(x.a_host_us)} → {fmt_us(x.b_host_us)}"),
             escape(fmt_us(x.delta_host_us, signed=True)),
-            escape(f"{fmt_us(x.a_device_us)} → {fmt_us(x.b_device_us)}"),
-            escape(fmt_us(x.delta_device_us, signed=True)),
         ]
-        for x in lines.itertuples()
-    ]
-    return f"<h4>Per line <span class='gm-sub'>{escape(a)} → {escape(b)}</span></h4>" + table(
-        ["line", "statement", "host", "change", "GPU", "change"], body, code=[1]
+        if gpu:
+            row += [
+                escape(f"{fmt_us(x.a_device_us)} → {fmt_us(x.b_device_us)}"),
+                escape(fmt_us(x.delta_device_us, signed=True)),
+            ]
+        body.append(row)
+    return (
+        f"<h4>Per line <span class='gm-sub'>{escape(a)} → {escape(b)}, lines paired by "
+        "their source</span></h4>" + table(headers, body, code=[1])
     )
-
-
-def _int(value: Any) -> str:
-    try:
-        return str(int(value))
-    except (TypeError, ValueError):
-        return "–"

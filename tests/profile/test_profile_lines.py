@@ -217,3 +217,28 @@ def test_a_real_trace_in_the_registry_is_unchanged_by_the_split(load):
     r = load("v100_training_5steps.json.gz")
     assert r.summary["events"] > 40_000
     assert trace_path("v100_training_5steps.json.gz").exists()
+
+
+def test_compare_pairs_lines_by_source_when_a_fix_moved_them(tmp_path):
+    from gpumagic.profile.compare import compare
+
+    def run(sources: list[str], name: str, slow: float) -> Path:
+        b = TraceBuilder()
+        t = 0.0
+        for i, _src in enumerate(sources):
+            dur = slow if sources[i] == "y = g()" else 100.0
+            b.op(f"gpumagic.line#{i} L{i + 2}", t, dur)
+            t += dur
+        labels = CodeLabels([StatementLabel(i, i + 2, 0, s) for i, s in enumerate(sources)], [])
+        return _write(b, tmp_path / name, labels)
+
+    before = run(["x = f()", "y = g()"], "a.json", 1000.0)
+    after = run(["z = 0", "x = f()", "y = g()"], "b.json", 400.0)
+    c = compare(before, after)
+    lines = c.lines.set_index("source")
+    assert list(lines.index) == ["z = 0", "x = f()", "y = g()"]
+    assert np.isnan(lines.loc["z = 0", "a_line"])
+    assert (lines.loc["x = f()", "a_line"], lines.loc["x = f()", "b_line"]) == (2, 3)
+    assert lines.loc["y = g()", "delta_host_us"] == -600.0
+    text = c._text()
+    assert "2 (new)" in text and "4 (was 3)" in text
