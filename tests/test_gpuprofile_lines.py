@@ -334,3 +334,34 @@ def test_a_schedule_records_the_lines_of_its_window(ip, run, net):
     assert lines.loc[3, "hits"] == 2
     assert int(p.modules.set_index("module").loc["model", "calls"]) == 2
     assert not [n for n in p.ops["name"] if n.startswith("gpumagic.")]
+
+
+def test_compiled_models_stay_unhooked_so_they_never_recompile(ip, run):
+    import warnings
+
+    r = run(
+        "import torch\n"
+        "plain = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())\n"
+        "fast = torch.compile(plain, backend='eager')\n"
+        "inp = torch.randn(4, 8)\n"
+        "out = fast(inp)\n"
+    )
+    assert r.result.success, r.stdout
+    from torch._dynamo.utils import counters
+
+    graphs = counters["stats"]["unique_graphs"]
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            r = run("%%gpuprofile -q\nfor i in range(3):\n    out = fast(inp)\n")
+        after = counters["stats"]["unique_graphs"]
+    finally:
+        torch._dynamo.reset()  # "compiled code in this session" must not outlive the test
+    assert r.result.success, r.stdout
+    assert not [w for w in caught if "global hooks" in str(w.message)]
+    assert graphs == 1 and after == graphs  # the profiled calls did not recompile
+    assert _global_hooks() == (0, 0)
+    p = ip.user_ns["_gpuprofile"]
+    assert p.modules.empty
+    assert any("No per-module times: torch.compile" in n for n in p.notes)
+    assert list(p.lines["hits"]) == [4, 3]  # the lines are timed all the same

@@ -285,7 +285,7 @@ class ProfileMagics(Magics):
             in_trace = len(st) + int(st.first_left_out) + st.dropped
             result.notes = recorder.notes(
                 result.primary.trace, in_trace if st.source == "ProfilerStep" else 0
-            )
+            ) + (probe.notes if probe is not None else [])
             # analyse now, so a failure is told here and not by a traceback in the report
             _ = result.summary, result.findings
         except Exception as exc:

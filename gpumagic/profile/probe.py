@@ -103,11 +103,28 @@ class CodeProbe:
         self._ranges = [self.factory(statement_range_name(s.index, s.line)) for s in statements]
         self._open: Any = None
         self.modules = _ModuleRanges(self.factory) if modules and "torch" in sys.modules else None
+        self._notes: list[str] = []
 
     def start(self) -> CodeProbe:
         if self.modules is not None:
-            self.modules.install()
+            why = compile_in_use(self.namespace)
+            if why:
+                self.modules = None
+                self._notes.append(f"No per-module times: {why}. {_COMPILE_NOTE}")
+            else:
+                self.modules.install()
         return self
+
+    @property
+    def notes(self) -> list[str]:
+        """Why the module table is missing or partial, for the report."""
+        notes = list(self._notes)
+        if self.modules is not None and self.modules.halted:
+            notes.append(
+                f"Per-module times stop at the first call of a torch.compile'd "
+                f"{self.modules.halted}. {_COMPILE_NOTE}"
+            )
+        return notes
 
     def enter(self, index: int) -> None:
         if self._open is not None:
@@ -131,6 +148,44 @@ class CodeProbe:
         statements = [StatementLabel(s.index, s.line, s.depth, s.source) for s in self.statements]
         modules = self.modules.labels(self.namespace) if self.modules is not None else []
         return CodeLabels(statements, modules)
+
+
+_COMPILE_NOTE = (
+    "Global module hooks would make torch.compile's code recompile (its guards check that no "
+    "global hook is registered), so %%gpuprofile leaves compiled models unhooked; the lines "
+    "are timed all the same."
+)
+
+
+def compile_in_use(namespace: Mapping[str, Any]) -> str:
+    """Why module hooks must stay off ("" when they need not): torch.compile has compiled
+    code in this process, or a model in the namespace is compiled (``torch.compile(model)``,
+    ``model.compile()``)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    try:
+        if utils is not None and utils.counters["stats"]["unique_graphs"] > 0:
+            return "torch.compile has compiled code in this session"
+    except Exception:
+        pass
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return ""
+    for var, value in list(namespace.items()):
+        try:
+            if not isinstance(value, torch.nn.Module):
+                continue
+            if _is_compiled(value) or any(_is_compiled(m) for m in value.modules()):
+                return f"{var} is a torch.compile'd model"
+        except Exception:
+            continue
+    return ""
+
+
+def _is_compiled(module: Any) -> bool:
+    return (
+        type(module).__name__ == "OptimizedModule"
+        or getattr(module, "_compiled_call_impl", None) is not None
+    )
 
 
 @dataclass
@@ -161,6 +216,7 @@ class _ModuleRanges:
         self._stacks: list[list[tuple[Any, Any]]] = []
         self._handles: list[Any] = []
         self._compiling = _is_compiling()
+        self.halted = ""  # the compiled module whose first call took the hooks off
 
     def install(self) -> None:
         from torch.nn.modules.module import (
@@ -173,10 +229,13 @@ class _ModuleRanges:
             register_module_forward_hook(self._post),
         ]
 
-    def remove(self) -> None:
+    def _unhook(self) -> None:
         handles, self._handles = self._handles, []
         for h in handles:
             h.remove()
+
+    def remove(self) -> None:
+        self._unhook()
         stack = getattr(self._local, "stack", None)
         for _module, rng in reversed(stack or []):
             _close(rng)
@@ -192,6 +251,12 @@ class _ModuleRanges:
 
     def _pre(self, module: Any, args: Any) -> None:
         if self._compiling():  # inside torch.compile's tracing: leave the graph alone
+            return None
+        if _is_compiled(module):
+            # a model compiled in this very cell: unhook before dynamo compiles it, so its
+            # guards never see our hooks (_call_impl iterates over copies of the hook dicts)
+            self.halted = type(getattr(module, "_orig_mod", module)).__name__
+            self._unhook()
             return None
         stack = self._stack()
         seen = self.seen.get(id(module))
