@@ -15,7 +15,6 @@ Operators on any thread are charged by their start.
 
 from __future__ import annotations
 
-import weakref
 from functools import cached_property
 
 import numpy as np
@@ -184,12 +183,11 @@ class LineAttribution:
         return frame
 
 
-_cache: weakref.WeakKeyDictionary[Analysis, LineAttribution] = weakref.WeakKeyDictionary()
-
-
 def line_attribution(analysis: Analysis) -> LineAttribution:
-    """The (cached) per-line attribution of ``analysis``."""
-    found = _cache.get(analysis)
+    """The per-line attribution of ``analysis``, made once and kept on it (a cache
+    outside it would keep every analysis alive: the attribution refers to its analysis)."""
+    key = "_gpumagic_line_attribution"
+    found = analysis.__dict__.get(key)
     if found is None:
-        found = _cache[analysis] = LineAttribution(analysis)
+        found = analysis.__dict__[key] = LineAttribution(analysis)
     return found

@@ -16,7 +16,6 @@ around it.
 
 from __future__ import annotations
 
-import weakref
 from functools import cached_property
 
 import numpy as np
@@ -245,12 +244,11 @@ def _owner(parent: np.ndarray, node_of: np.ndarray) -> np.ndarray:
     return out
 
 
-_cache: weakref.WeakKeyDictionary[Analysis, ModuleAttribution] = weakref.WeakKeyDictionary()
-
-
 def module_attribution(analysis: Analysis) -> ModuleAttribution:
-    """The (cached) per-module attribution of ``analysis``."""
-    found = _cache.get(analysis)
+    """The per-module attribution of ``analysis``, made once and kept on it (a cache
+    outside it would keep every analysis alive: the attribution refers to its analysis)."""
+    key = "_gpumagic_module_attribution"
+    found = analysis.__dict__.get(key)
     if found is None:
-        found = _cache[analysis] = ModuleAttribution(analysis)
+        found = analysis.__dict__[key] = ModuleAttribution(analysis)
     return found
