@@ -242,9 +242,14 @@ def test_dataloader_finding_names_the_line_of_its_for(ip, run):
 
 
 def test_report_shows_lines_and_module_tree(ip, run, net):
-    r = run("%%gpuprofile\nfor i in range(2):\n    out = model(x)\n    out.sum().backward()\n")
+    r = run(
+        "%%gpuprofile\nfor i in range(2):\n    out = model(x)\n    out.sum().backward()\n"
+        "tag = '<b>' if 1 < 2 else ''\n"
+    )
     assert r.result.success, r.stdout
     html = r.html()
+    assert "tag = &#x27;&lt;b&gt;&#x27; if 1 &lt; 2 else &#x27;&#x27;" in html  # escaped
+    assert "<b>' if" not in html
     assert "<h4>Lines" in html and "out.sum().backward()" in html
     assert "<details class='gm-module' open>" in html and "<code>model.blocks.1.fc</code>" in html
     text = ip.user_ns["_gpuprofile"].to_text()

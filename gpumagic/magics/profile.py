@@ -203,9 +203,9 @@ class ProfileMagics(Magics):
         probe = _probe(prepared, shell.user_ns) if attribute else None
         recorder.start()
         live.start()
+        if probe is not None:
+            probe.start()  # module hooks: only while the cell runs
         try:
-            if probe is not None:
-                probe.start()  # module hooks: only while the cell runs
             value = execute(shell, prepared, probe)
         except BaseException as exc:
             error = exc

@@ -111,8 +111,16 @@ class CodeProbe:
             if why:
                 self.modules = None
                 self._notes.append(f"No per-module times: {why}. {_COMPILE_NOTE}")
-            else:
+                return self
+            try:
                 self.modules.install()
+            except Exception as exc:  # the cell runs all the same, with its lines timed
+                self.modules.remove()
+                self.modules = None
+                self._notes.append(
+                    f"No per-module times: the module hooks could not be registered "
+                    f"({type(exc).__name__}: {exc})."
+                )
         return self
 
     @property
