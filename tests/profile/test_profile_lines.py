@@ -242,3 +242,45 @@ def test_compare_pairs_lines_by_source_when_a_fix_moved_them(tmp_path):
     assert lines.loc["y = g()", "delta_host_us"] == -600.0
     text = c._text()
     assert "2 (new)" in text and "4 (was 3)" in text
+
+
+def test_sync_optimizer_and_launch_bound_name_their_lines(tmp_path):
+    b = TraceBuilder()
+    b.op("gpumagic.line#0 L2", 0.0, 3000.0)
+    t = 10.0
+    for _ in range(6):  # a kernel, then the host waits for it: .item() each time
+        b.op("aten::_local_scalar_dense", t, 400.0)
+        b.launch("void reduce_kernel<512>", t + 10, t + 20, 100.0)
+        b.events.append(
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "cudaStreamSynchronize",
+                "pid": 1,
+                "tid": 1,
+                "ts": t + 30,
+                "dur": 100.0,
+                "args": {"correlation": 10_000 + int(t)},
+            }
+        )
+        t += 450.0
+    b.op("gpumagic.line#1 L3", 3000.0, 5000.0)
+    b.op("Optimizer.step#SGD.step", 3100.0, 4000.0, cat="user_annotation")
+    t = 3110.0
+    for _ in range(40):  # one op and one tiny kernel per parameter
+        b.op("aten::add_", t, 80.0)
+        b.launch("void at::native::vectorized_elementwise_kernel<4>", t + 20, t + 40, 3.0)
+        t += 95.0
+    labels = CodeLabels(
+        [
+            StatementLabel(0, 2, 0, "value = loss.item()"),
+            StatementLabel(1, 3, 0, "optimizer.step()"),
+        ],
+        [],
+    )
+    r = load_trace(_write(b, tmp_path / "sync_opt.json", labels))
+    found = {f.rule: f for f in r.findings}
+    assert (found["sync"].line, found["sync"].source) == (2, "value = loss.item()")
+    assert (found["optimizer"].line, found["optimizer"].source) == (3, "optimizer.step()")
+    assert found["launch_bound"].line == 3  # the line that launched the short kernels
+    assert all(f.module == "" for f in r.findings)  # no module spans in this trace
