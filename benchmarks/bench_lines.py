@@ -139,14 +139,15 @@ def bench_cell(repeats: int) -> bool:
         ratios = [a / b for a, b in zip(attrib, plain)]
         ratio = statistics.median(ratios)
         lo, hi = _quartiles(ratios)
-        extra_us = 1e6 * (statistics.median(attrib) - statistics.median(plain))
+        extra_us = 1e6 * (ratio - 1.0) * statistics.median(plain)
         # what one statement boundary and one module call cost, assuming the extra time is
-        # all theirs and a module call costs about twice a boundary (two hooks, one range)
+        # all theirs and a module call costs about twice a boundary (two hooks, one range);
+        # within the noise ("–") when the median ratio is not above 1
         per_unit = extra_us / max(boundaries + 2 * module_calls, 1)
+        unit = f"{per_unit:7.1f}µs {2 * per_unit:7.1f}µs" if per_unit > 0 else f"{'–':>9} {'–':>9}"
         print(
             f"{name:<8} {statistics.median(plain):8.3f} {statistics.median(attrib):9.3f} "
-            f"{ratio:6.3f}x [{lo:5.3f}-{hi:5.3f}] {per_unit:7.1f}µs {2 * per_unit:7.1f}µs "
-            f"{statistics.median(wall_ratio):9.3f}x"
+            f"{ratio:6.3f}x [{lo:5.3f}-{hi:5.3f}] {unit} {statistics.median(wall_ratio):9.3f}x"
         )
         print(f"{'':<8} ({boundaries} statement boundaries, {module_calls} module calls per cell)")
         if name == "cnn" and ratio > TARGET_CELL:
