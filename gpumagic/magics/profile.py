@@ -40,6 +40,11 @@ PARSER.add_argument(
     help="keep the first gpumagic.step() step (first-call setup) in the step statistics",
 )
 PARSER.add_argument(
+    "--no-attribution",
+    action="store_true",
+    help="no time per line and per nn.Module (no statement ranges, no module hooks)",
+)
+PARSER.add_argument(
     "--trace",
     metavar="PATH",
     help="write the Chrome trace here (.json or .json.gz; opens in Perfetto)",
@@ -91,7 +96,8 @@ class ProfileMagics(Magics):
         """Profile a cell under torch.profiler: step-time breakdown, GPU idle, tables, diagnosis.
 
         %%gpuprofile [-n NAME] [-o VAR] [--rows N] [--memory] [--shapes] [--stack] [--flops]
-                     [--wait N --warmup N --active N] [--keep-first] [--trace PATH] [--quiet]
+                     [--wait N --warmup N --active N] [--keep-first] [--no-attribution]
+                     [--trace PATH] [--quiet]
         %gpuprofile --compare A B       side by side, with deltas, of two runs kept with -n
         %gpuprofile --load PATH         analyse a saved Chrome trace or per-rank directory
 
@@ -106,7 +112,10 @@ class ProfileMagics(Magics):
         cuBLAS/cuDNN handles, lazy CUDA module loading, autotuning) is left out of the step
         statistics when others follow; ``--keep-first`` keeps it. The result (``_gpuprofile``,
         and VAR with -o) has ``.summary``, ``.breakdown``, ``.steps``, ``.ops``, ``.kernels``,
-        ``.idle``, ``.findings``, ``.notes`` and ``.export(path)``.
+        ``.idle``, ``.findings``, ``.notes`` and ``.export(path)``; ``.lines`` (time per
+        statement of the cell) and ``.modules`` (per ``nn.Module`` instance, forward and
+        backward), and each finding's ``line``/``source``/``module`` say where in the code the
+        time went. ``--no-attribution`` leaves the cell uninstrumented.
         """
         __tracebackhide__ = True
         opts = PARSER.parse_line(without_silencer(line) if cell is None else line)
@@ -167,7 +176,8 @@ class ProfileMagics(Magics):
         from gpumagic.render.live import LiveView
 
         shell: Any = self.shell
-        prepared = prepare(shell, cell, f"%%gpuprofile {line}".rstrip())
+        attribute = not opts.no_attribution
+        prepared = prepare(shell, cell, f"%%gpuprofile {line}".rstrip(), instrument=attribute)
         try:
             recorder = Recorder(
                 RecordOptions(
@@ -189,17 +199,23 @@ class ProfileMagics(Magics):
             mode="off" if opts.quiet else None,
         )
         error: BaseException | None = None
+        problems: list[str] = []
+        probe = _probe(prepared, shell.user_ns) if attribute else None
         recorder.start()
         live.start()
+        if probe is not None:
+            probe.start()  # module hooks: only while the cell runs
         try:
-            value = execute(shell, prepared)
+            value = execute(shell, prepared, probe)
         except BaseException as exc:
             error = exc
+        finally:
+            problems += _stop(probe)  # the hooks go, also after an error
         result: Any = None
-        problems: list[str] = []
         analysed = False
         try:
-            result, problems, analysed = self._collect(recorder, opts)
+            result, more, analysed = self._collect(recorder, opts, probe)
+            problems += more
         except Exception as exc:  # our bug: it must not hide the cell's own outcome (audit B1)
             problems.append(f"the profile could not be built ({type(exc).__name__}: {exc})")
         finally:
@@ -213,7 +229,7 @@ class ProfileMagics(Magics):
             raise error
         return value
 
-    def _collect(self, recorder: Any, opts: Any) -> tuple[Any, list[str], bool]:
+    def _collect(self, recorder: Any, opts: Any, probe: Any = None) -> tuple[Any, list[str], bool]:
         """Stop the recorder and analyse its trace: (result or None, problems, analysed).
 
         Each step that can fail after the cell ran is caught on its own and said, so what
@@ -235,10 +251,16 @@ class ProfileMagics(Magics):
                 f"the session's settings could not be read ({_reason(exc)}); "
                 "the diagnosis uses the trace alone"
             )
+        labels = None
+        if probe is not None:
+            try:
+                labels = probe.labels()
+            except Exception as exc:
+                problems.append(f"the cell's lines and modules could not be named ({_reason(exc)})")
         saved = None
         if opts.trace:
             try:
-                saved = recorder.save(opts.trace)
+                saved = recorder.save(opts.trace, labels.to_json() if labels is not None else None)
             except Exception as exc:
                 problems.append(f"the trace could not be written to {opts.trace} ({_reason(exc)})")
         result = None
@@ -253,6 +275,7 @@ class ProfileMagics(Magics):
                 step_marks=recorder.marked_steps,
                 mark_limit=recorder.mark_limit,
                 skip_first=skip_first,
+                labels=labels,
             )
             result.name = opts.name or result.name
             self._store(result, opts)
@@ -262,7 +285,7 @@ class ProfileMagics(Magics):
             in_trace = len(st) + int(st.first_left_out) + st.dropped
             result.notes = recorder.notes(
                 result.primary.trace, in_trace if st.source == "ProfilerStep" else 0
-            )
+            ) + (probe.notes if probe is not None else [])
             # analyse now, so a failure is told here and not by a traceback in the report
             _ = result.summary, result.findings
         except Exception as exc:
@@ -307,6 +330,22 @@ def _reason(exc: BaseException) -> str:
     from gpumagic.profile.record import RecordError
 
     return str(exc) if isinstance(exc, RecordError) else f"{type(exc).__name__}: {exc}"
+
+
+def _probe(prepared: Any, namespace: Any) -> Any:
+    from gpumagic.profile.probe import CodeProbe
+
+    return CodeProbe(prepared.statements, namespace)
+
+
+def _stop(probe: Any) -> list[str]:
+    if probe is None:
+        return []
+    try:
+        probe.stop()
+    except Exception as exc:  # must not hide the cell's own outcome
+        return [f"the module hooks could not all be removed ({_reason(exc)})"]
+    return []
 
 
 def _live_line(recorder: Any) -> str:

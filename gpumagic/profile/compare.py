@@ -7,6 +7,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from gpumagic.profile.breakdown import CATEGORIES
 from gpumagic.profile.load import load_trace
 from gpumagic.profile.result import ProfileResult
@@ -16,6 +18,20 @@ from gpumagic.units import fmt_percent
 if TYPE_CHECKING:
     import pandas as pd
 
+_LINE_DELTA_COLUMNS = [
+    "line",
+    "source",
+    "a_line",
+    "b_line",
+    "a_hits",
+    "b_hits",
+    "a_host_us",
+    "b_host_us",
+    "delta_host_us",
+    "a_device_us",
+    "b_device_us",
+    "delta_device_us",
+]
 # A category must move by this many percentage points to be named in the headline.
 _HEADLINE_PP = 2.0
 
@@ -101,6 +117,44 @@ class Comparison(Rendered):
                 }
             )
         return pd.DataFrame(rows, columns=["rule", "a_saving_us", "b_saving_us", "status"])
+
+    @cached_property
+    def lines(self) -> pd.DataFrame:
+        """Per line of the cell, both runs' hits, host and device µs, and the change.
+
+        Lines pair by their source text (the n-th of several identical lines with the n-th),
+        so two runs of one cell line up, and so do the lines a fix left as they were when it
+        added or changed others around them (``a_line``, ``b_line``: where each run had it).
+        A line only one run has gets NaN for the other. Empty unless both runs have lines."""
+        import pandas as pd
+
+        a, b = self.a.lines, self.b.lines
+        if a.empty or b.empty:
+            return pd.DataFrame(columns=_LINE_DELTA_COLUMNS)
+        keep = ["line", "source", "hits", "host_us", "device_us"]
+        a = a[keep].assign(nth=a.groupby("source").cumcount())
+        b = b[keep].assign(nth=b.groupby("source").cumcount())
+        merged = a.merge(b, on=["source", "nth"], how="outer", suffixes=("_a", "_b"), sort=False)
+        frame = pd.DataFrame(
+            {
+                "line": merged["line_b"].fillna(merged["line_a"]),
+                "source": merged["source"],
+                "a_line": merged["line_a"],
+                "b_line": merged["line_b"],
+                "a_hits": merged["hits_a"],
+                "b_hits": merged["hits_b"],
+                "a_host_us": merged["host_us_a"],
+                "b_host_us": merged["host_us_b"],
+                "delta_host_us": merged["host_us_b"] - merged["host_us_a"],
+                "a_device_us": merged["device_us_a"],
+                "b_device_us": merged["device_us_b"],
+                "delta_device_us": merged["device_us_b"] - merged["device_us_a"],
+            },
+            columns=_LINE_DELTA_COLUMNS,
+        )
+        # in the later run's order; lines it no longer has after the line they followed
+        order = frame["b_line"].fillna(frame["a_line"] + 0.5)
+        return frame.iloc[np.argsort(order.to_numpy(), kind="stable")].reset_index(drop=True)
 
     @property
     def step_time_change_percent(self) -> float | None:

@@ -28,6 +28,16 @@ import msgspec
 import numpy as np
 
 from gpumagic.profile.errors import TraceError
+from gpumagic.profile.spans import (
+    MODULE,
+    STATEMENT,
+    TORCH_MODULE_PREFIX,
+    CodeLabels,
+    CodeSpans,
+    Spans,
+    classify,
+    torch_module_keys,
+)
 
 
 # Events are a tagged union on "ph", so flow arrows and metadata (a third of a Kineto
@@ -120,6 +130,13 @@ class _HostArgs(msgspec.Struct, gc=False):
     input_type: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw, name="Input type")
 
 
+class _SequenceArgs(msgspec.Struct, gc=False):
+    # the autograd link: a backward node's op shares "Sequence number" with the forward op
+    # that created it; "Fwd thread id" > 0 marks the backward side
+    sequence: int = msgspec.field(default=-1, name="Sequence number")
+    fwd_thread: int = msgspec.field(default=-1, name="Fwd thread id")
+
+
 class _MemoryArgs(msgspec.Struct, gc=False):
     nbytes: int = msgspec.field(default=0, name="Bytes")
     total_allocated: float = msgspec.field(default=math.nan, name="Total Allocated")
@@ -161,6 +178,7 @@ _ARGS_DECODERS: dict[type, msgspec.json.Decoder[Any]] = {
     _GpuArgs: msgspec.json.Decoder(list[_GpuArgs]),
     _RuntimeArgs: msgspec.json.Decoder(list[_RuntimeArgs]),
     _HostArgs: msgspec.json.Decoder(list[_HostArgs]),
+    _SequenceArgs: msgspec.json.Decoder(list[_SequenceArgs]),
     _MemoryArgs: msgspec.json.Decoder(list[_MemoryArgs]),
 }
 
@@ -187,6 +205,8 @@ class _TraceFile(msgspec.Struct):
     traceEvents: list[_EventUnion]
     deviceProperties: list[_Device] = []  # msgspec copies mutable defaults per instance
     distributedInfo: _Distributed | None = None
+    # what the statement and module ranges of a %%gpuprofile trace stand for (spans.py)
+    gpumagicCode: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
 
 
 # A bare JSON array of events is also a valid Chrome trace.
@@ -210,6 +230,7 @@ _ARGS = attrgetter("args")
 
 # Event kinds, by category (lower-cased: old traces capitalise, new ones do not).
 HOST, RUNTIME, KERNEL, MEMCPY, MEMSET, SYNC, IGNORED = range(7)
+PYTHON = 7  # with_stack=True: Python frames; only the nn.Module ones are kept (spans.py)
 _CATEGORY_KIND = {
     "cpu_op": HOST,
     "operator": HOST,
@@ -225,6 +246,7 @@ _CATEGORY_KIND = {
     "gpu_memset": MEMSET,
     "memset": MEMSET,
     "cuda_sync": SYNC,
+    "python_function": PYTHON,
 }
 
 
@@ -271,6 +293,16 @@ class HostEvents:
         dims = [bytes(a.input_dims or a.input_dims_old).decode() for a in decoded]
         types = [bytes(a.input_type).decode() for a in decoded]
         return dims, types
+
+    def sequence(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per event, ``Sequence number`` and ``Fwd thread id`` (-1 when not recorded)."""
+        decoded = _decode_args(_SequenceArgs, self.args)
+        n = len(decoded)
+        # a writer may put an unsigned "no number" (2**64 - 1) here: not a link
+        return (
+            _ints((a.sequence if a.sequence < 2**62 else -1 for a in decoded), n),
+            _ints((a.fwd_thread if a.fwd_thread < 2**62 else -1 for a in decoded), n),
+        )
 
 
 @dataclass
@@ -351,6 +383,8 @@ class Trace:
     notes: list[str] = field(default_factory=list)
     backend: str | None = None  # distributedInfo.backend: "nccl", "gloo", ...
     group_sizes: list[int] = field(default_factory=list)  # distributedInfo.pg_config sizes
+    # the cell's statement ranges and nn.Module spans, out of ``host`` (see spans.py)
+    code: CodeSpans = field(default_factory=CodeSpans.empty)
 
     @property
     def has_gpu(self) -> bool:
@@ -469,6 +503,7 @@ def _thread_codes(pids: list[int | str], tids: list[int | str]) -> np.ndarray:
 def decode_trace(data: bytes, source: str) -> Trace:
     """Decode a trace's JSON text (see :func:`read_trace_bytes`) into a :class:`Trace`."""
     decoded = _decode(data, source)
+    labels_raw = b""
     if isinstance(decoded, list):
         events, devices_raw, dist = decoded, [], None
     else:
@@ -477,6 +512,7 @@ def decode_trace(data: bytes, source: str) -> Trace:
             decoded.deviceProperties,
             decoded.distributedInfo,
         )
+        labels_raw = bytes(decoded.gpumagicCode)
     del decoded
     if not events:
         raise TraceError(source, "the trace has no events (traceEvents is empty)")
@@ -500,14 +536,18 @@ def decode_trace(data: bytes, source: str) -> Trace:
         )
 
     host_sub, rt_sub = _take(complete, rows(HOST)), _take(complete, rows(RUNTIME))
-    # one coding of (pid, tid) for both, so runtime calls nest inside operators
+    py_sub = [e for e in _take(complete, rows(PYTHON)) if e.name.startswith(TORCH_MODULE_PREFIX)]
+    # one coding of (pid, tid) for all, so runtime calls nest inside operators
     threads = _thread_codes(
-        list(map(_PID, host_sub)) + list(map(_PID, rt_sub)),
-        list(map(_TID, host_sub)) + list(map(_TID, rt_sub)),
+        list(map(_PID, host_sub)) + list(map(_PID, rt_sub)) + list(map(_PID, py_sub)),
+        list(map(_TID, host_sub)) + list(map(_TID, rt_sub)) + list(map(_TID, py_sub)),
     )
-    host = _host_events(host_sub, threads[: len(host_sub)])
-    runtime = _runtime_events(rt_sub, threads[len(host_sub) :])
-    del host_sub, rt_sub
+    n_host, n_rt = len(host_sub), len(rt_sub)
+    host, code = _code_spans(
+        _host_events(host_sub, threads[:n_host]), py_sub, threads[n_host + n_rt :], labels_raw
+    )
+    runtime = _runtime_events(rt_sub, threads[n_host : n_host + n_rt])
+    del host_sub, rt_sub, py_sub
     gpu_rows = rows(KERNEL, MEMCPY, MEMSET)
     gpu = _gpu_events(_take(complete, gpu_rows), kinds[gpu_rows])
     syncs = _sync_events(_take(complete, rows(SYNC)))
@@ -517,11 +557,18 @@ def decode_trace(data: bytes, source: str) -> Trace:
         _correlate_by_flows(data, gpu, runtime)
 
     spans = [(x.ts, x.end) for x in (host, runtime, gpu, syncs) if len(x.ts)]
+    n_kept = sum(len(s) for s, _ in spans)
+    # a cell of plain Python has its statement ranges and nothing else
+    spans = spans or [(x.ts, x.end) for x in (code.statements, code.modules) if len(x.ts)]
     if not spans:
         raise TraceError(source, "the trace has no duration events (ph 'X') to analyse")
-    n_kept = sum(len(s) for s, _ in spans)
     start = min(float(s.min()) for s, _ in spans)
     end = max(float(e.max()) for _, e in spans)
+    # A range still open when a schedule's window closed (the gpumagic.step() call that
+    # ends it) gets its end from Kineto after the profiler's own collection: cut it where
+    # the recorded events end, or that line would hold the profiler's work.
+    for x in (code.statements, code.modules):
+        np.minimum(x.end, end, out=x.end)
     devices = [
         Device(
             id=d.id,
@@ -547,6 +594,7 @@ def decode_trace(data: bytes, source: str) -> Trace:
         events=n_kept,
         backend=dist.backend if dist is not None else None,
         group_sizes=_group_sizes(dist.pg_config) if dist is not None else [],
+        code=code,
     )
 
 
@@ -576,6 +624,44 @@ def _host_events(sub: list[_Complete], thread: np.ndarray) -> HostEvents:
         end=ts + _floats(map(_DUR, sub), n),
         thread=thread,
         args=list(map(_ARGS, sub)),
+    )
+
+
+def _code_spans(
+    host: HostEvents, py_modules: list[_Complete], py_thread: np.ndarray, labels_raw: bytes
+) -> tuple[HostEvents, CodeSpans]:
+    """Take the statement and module ranges out of ``host`` (see :mod:`gpumagic.profile.spans`);
+    with no gpumagic module ranges, the ``nn.Module`` python_function spans are the modules."""
+    kinds, keys, lines = classify(host.name.values)
+    code = CodeSpans.empty()
+    code.labels = CodeLabels.from_json(labels_raw)
+    if (kinds != 0).any():
+        row_kind, row_key = kinds[host.name.codes], keys[host.name.codes]
+        for kind, attr in ((STATEMENT, "statements"), (MODULE, "modules")):
+            m = row_kind == kind
+            if m.any():
+                setattr(code, attr, Spans(row_key[m], host.ts[m], host.end[m], host.thread[m]))
+        code.statement_lines = lines
+        if len(code.modules):
+            code.module_origin = "gpumagic"
+        host = _host_subset(host, np.flatnonzero(row_kind == 0))
+    if not len(code.modules) and py_modules:
+        n = len(py_modules)
+        key, code.module_names = torch_module_keys(list(map(_NAME, py_modules)))
+        ts = _floats(map(_TS, py_modules), n)
+        code.modules = Spans(key, ts, ts + _floats(map(_DUR, py_modules), n), py_thread)
+        code.module_origin = "with_stack"
+    return host, code
+
+
+def _host_subset(host: HostEvents, rows: np.ndarray) -> HostEvents:
+    used, codes = np.unique(host.name.codes[rows], return_inverse=True)
+    return HostEvents(
+        name=Names(codes.astype(np.int32).reshape(-1), [host.name.values[i] for i in used]),
+        ts=host.ts[rows],
+        end=host.end[rows],
+        thread=host.thread[rows],
+        args=_take(host.args, rows),
     )
 
 

@@ -12,6 +12,7 @@ from gpumagic.profile.errors import TraceError
 from gpumagic.profile.events import Trace, decode_trace, read_trace_bytes
 from gpumagic.profile.live import LiveState
 from gpumagic.profile.result import ProfileResult
+from gpumagic.profile.spans import CodeLabels
 
 # tensorboard_trace_handler writes "<worker>.<timestamp>.pt.trace.json[.gz]"; plain
 # export_chrome_trace files are "*.json" or "*.json.gz".
@@ -38,6 +39,7 @@ def load_trace(
     step_marks: bool = True,
     mark_limit: int | None = None,
     skip_first: bool = False,
+    labels: CodeLabels | None = None,
 ) -> ProfileResult:
     """Analyse a Chrome trace from ``torch.profiler``, or a directory of per-rank traces.
 
@@ -50,6 +52,8 @@ def load_trace(
     closed with ``gpumagic.step()``; the span after the last call is the cell's tail).
     ``skip_first=True`` leaves the first ``ProfilerStep`` (first-call setup) out of the
     steps when there are others; ``%%gpuprofile`` does so unless told ``--keep-first``.
+    ``labels`` says what the statement and module ranges of a ``%%gpuprofile`` trace stand
+    for (sources, module names), where the file does not carry them itself.
 
     Raises :class:`TraceError` (a ``ValueError``) naming the file and the reason when
     the input is missing, empty, truncated, not JSON, or not a trace.
@@ -59,7 +63,7 @@ def load_trace(
         files = trace_files(p)
         if not files:
             raise TraceError(p, "the directory holds no trace files (*.json, *.json.gz)")
-        traces = [read_trace(f) for f in files]
+        traces = [_labelled(read_trace(f), labels) for f in files]
         _number_ranks(traces, files)
         return ProfileResult(
             [Analysis(t, step_marks, mark_limit, skip_first) for t in traces], str(p), live
@@ -67,8 +71,16 @@ def load_trace(
     if not p.exists():
         raise TraceError(p, "no such file or directory")
     return ProfileResult(
-        [Analysis(read_trace(p), step_marks, mark_limit, skip_first)], str(p), live
+        [Analysis(_labelled(read_trace(p), labels), step_marks, mark_limit, skip_first)],
+        str(p),
+        live,
     )
+
+
+def _labelled(trace: Trace, labels: CodeLabels | None) -> Trace:
+    if labels is not None:
+        trace.code.labels = labels
+    return trace
 
 
 def _number_ranks(traces: list[Trace], files: list[Path]) -> None:

@@ -188,15 +188,22 @@ class Recorder:
             raise RecordError("the profiler wrote no trace")
         return self._trace
 
-    def save(self, destination: str | os.PathLike[str]) -> Path:
-        """Copy the recorded trace to ``destination`` (gzip if it ends in .gz); open it in Perfetto."""
+    def save(self, destination: str | os.PathLike[str], labels: bytes | None = None) -> Path:
+        """Copy the recorded trace to ``destination`` (gzip if it ends in .gz); open it in Perfetto.
+
+        ``labels`` (:meth:`gpumagic.profile.spans.CodeLabels.to_json`) go into the file, so
+        that loading it again gives the per-line and per-module tables their sources and names.
+        """
         if self._trace is None:
             raise RecordError("no trace recorded")
         dest = Path(destination).expanduser()
         dest.parent.mkdir(parents=True, exist_ok=True)
         if dest.suffix == ".gz":
             with open(self._trace, "rb") as src, gzip.open(dest, "wb", compresslevel=6) as out:
-                shutil.copyfileobj(src, out)
+                _copy(src, out, labels)
+        elif labels:
+            with open(self._trace, "rb") as src, open(dest, "wb") as out:
+                _copy(src, out, labels)
         else:
             shutil.copyfile(self._trace, dest)
         return dest
@@ -281,6 +288,15 @@ class Recorder:
             return self.steps
         skipped = (opts.wait or 0) + (opts.warmup or 0)
         return max(0, min(opts.active or 1, self.steps - skipped))
+
+
+def _copy(src: Any, out: Any, labels: bytes | None) -> None:
+    if labels:
+        from gpumagic.profile.spans import copy_with_labels
+
+        copy_with_labels(src, out, labels)
+    else:
+        shutil.copyfileobj(src, out)
 
 
 def cuda_recordable(torch: Any) -> bool:

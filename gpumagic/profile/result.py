@@ -256,6 +256,33 @@ class ProfileResult(Rendered):
         }
 
     @cached_property
+    def lines(self) -> pd.DataFrame:
+        """One row per statement of the profiled cell that ran: line, source, hits, host_us
+        (its own, without nested rows: the rows add up to the cell), device_us (GPU work it
+        launched, whatever thread launched it), device_percent, top_op, top_kernel. Empty
+        for a trace recorded outside ``%%gpuprofile`` (see :attr:`lines_note`)."""
+        from gpumagic.profile.lines import line_attribution
+
+        return line_attribution(self.primary).frame()
+
+    @property
+    def lines_note(self) -> str:
+        """Why :attr:`lines` is empty ("" when it is not)."""
+        from gpumagic.profile.lines import NO_LINES_NOTE
+
+        return "" if len(self.primary.trace.code.statements) else NO_LINES_NOTE
+
+    @cached_property
+    def modules(self) -> pd.DataFrame:
+        """One row per ``nn.Module`` instance called in the run: module (its name in the
+        namespace, ``model.layer1.0.conv1``), type, calls, depth, forward and backward host
+        and device µs (inclusive of its children), parent. From ``%%gpuprofile``'s module
+        hooks, or from a ``with_stack=True`` trace's ``nn.Module`` frames; empty otherwise."""
+        from gpumagic.profile.modules import module_attribution
+
+        return module_attribution(self.primary).frame()
+
+    @cached_property
     def findings(self) -> list[Finding]:
         """The diagnosis, ranked by estimated saving per step."""
         return diagnose(self.primary, self.live)

@@ -27,6 +27,7 @@ from gpumagic.profile.analysis import Analysis, is_host_sync
 from gpumagic.profile.breakdown import CATEGORIES
 from gpumagic.profile.events import KERNEL, MEMCPY
 from gpumagic.profile.live import LiveState
+from gpumagic.profile.where import EvidenceRows, locate
 from gpumagic.units import fmt_bytes, fmt_percent, fmt_us
 
 SEVERITIES = ("high", "medium", "low")
@@ -45,6 +46,13 @@ class Finding:
     fix: str = ""
     snippet: str = ""
     confirmed: bool = False  # the live session confirmed what the trace suggested
+    # where in the user's code the evidence comes from (a %%gpuprofile cell's trace): the
+    # statement holding most of it, and for GPU evidence that sits in a model, the module
+    line: int | None = None
+    source: str = ""
+    module: str = ""
+    # the trace events behind the evidence, which locate the line and module
+    rows: EvidenceRows | None = field(default=None, repr=False, compare=False)
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -57,6 +65,9 @@ class Finding:
             "fix": self.fix,
             "snippet": self.snippet,
             "confirmed": self.confirmed,
+            "line": self.line,
+            "source": self.source,
+            "module": self.module,
         }
 
 
@@ -158,6 +169,8 @@ def dataloader(c: Context) -> Finding | None:
         f"The DataLoader takes {fmt_percent(pct)} of each step ({fmt_us(c.us['DataLoader'])}) with "
         f"{idle}: {why}."
     )
+    host = c.trace.host
+    loads = np.flatnonzero(c.a.is_dataloader & c.host_in_steps(host.ts))
     return c.finding(
         "dataloader",
         "Data loading stalls the step",
@@ -167,6 +180,7 @@ def dataloader(c: Context) -> Finding | None:
         fix=fix,
         snippet=snippet,
         confirmed=workers == 0,  # the session's loader is the single-process one the trace shows
+        rows=EvidenceRows(host=loads, host_weight=(host.end - host.ts)[loads]),
     )
 
 
@@ -223,6 +237,7 @@ def pageable_memcpy(c: Context) -> Finding | None:
         fix="Pin host memory (pin_memory=True) and copy with non_blocking=True so copies overlap compute.",
         snippet=snippet,
         confirmed=pinned is False,
+        rows=EvidenceRows(gpu=np.flatnonzero(m), gpu_weight=(gpu.end - gpu.ts)[m]),
     )
 
 
@@ -302,6 +317,13 @@ def sync(c: Context) -> Finding | None:
         evidence=evidence,
         fix="Keep metrics on the GPU and read them every N steps; remove .item()/.cpu()/print from the loop.",
         snippet=snippet,
+        # the host time blocked in each synchronising call: where the line waits
+        rows=EvidenceRows(
+            host=np.flatnonzero(item),
+            host_weight=(host.end - host.ts)[item],
+            runtime=np.flatnonzero(host_sync),
+            runtime_weight=(rt.end - rt.ts)[host_sync],
+        ),
     )
 
 
@@ -320,7 +342,8 @@ def launch_bound(c: Context) -> Finding | None:
     k_dur = (gpu.end - gpu.ts)[m]
     r = c.a.launch_runtime[m]
     l_dur = (rt.end - rt.ts)[r]
-    short = float((k_dur < l_dur).mean())
+    is_short = k_dur < l_dur
+    short = float(is_short.mean())
     gaps = c.a.device_gaps
     small = gaps.closed & (gaps.us <= _LAUNCH_GAP_US)
     small_waits = gaps.total_by_category(small)["host_wait"]
@@ -352,6 +375,7 @@ def launch_bound(c: Context) -> Finding | None:
         evidence=evidence,
         fix="Launch fewer, bigger kernels: torch.compile (fusion, CUDA graphs) or a larger batch.",
         snippet=snippet,
+        rows=EvidenceRows(gpu=np.flatnonzero(m)[is_short]),  # the line launching most of them
     )
 
 
@@ -565,6 +589,7 @@ def tensor_cores(c: Context) -> Finding | None:
         fix=fix,
         snippet=snippet,
         confirmed=confirmed,
+        rows=EvidenceRows(gpu=np.flatnonzero(fp32_mm), gpu_weight=dur[fp32_mm], module=True),
     )
 
 
@@ -654,6 +679,7 @@ def small_grid(c: Context, top: int = 10) -> Finding | None:
         evidence=evidence,
         fix="Give kernels more parallel work (larger batch, fusion); launch grids of at least one block per SM.",
         snippet=snippet,
+        rows=_kernels_named(c, set(small["name"]), module=True),
     )
 
 
@@ -759,6 +785,9 @@ def optimizer(c: Context) -> Finding | None:
         evidence=evidence,
         fix="Use the multi-tensor (foreach=True) or fused (fused=True) optimizer implementation.",
         snippet=snippet,
+        rows=EvidenceRows(
+            host=np.flatnonzero(spans), host_weight=(host.end - host.ts)[spans]
+        ),
     )
 
 
@@ -805,6 +834,7 @@ def zero_grad(c: Context) -> Finding | None:
         evidence=evidence,
         fix="Use zero_grad(set_to_none=True) (the default since PyTorch 2.0).",
         snippet="optimizer.zero_grad(set_to_none=True)\n# model.zero_grad(set_to_none=True) likewise",
+        rows=EvidenceRows(host=rows, host_weight=(host.end - host.ts)[rows]),
     )
 
 
@@ -852,6 +882,7 @@ def cudnn_benchmark(c: Context) -> Finding | None:
         fix="Enable cudnn.benchmark when input shapes are the same every step.",
         snippet="torch.backends.cudnn.benchmark = True  # before the first forward pass",
         confirmed=True,
+        rows=EvidenceRows(gpu=np.flatnonzero(conv), gpu_weight=dur[conv], module=True),
     )
 
 
@@ -1051,6 +1082,24 @@ RULES: dict[str, Callable[[Context], Finding | None]] = {
 }
 
 
+def _kernels_named(c: Context, names: set[str], module: bool = False) -> EvidenceRows:
+    gpu = c.trace.gpu
+    m = (gpu.kind == KERNEL) & c.gpu_in_steps & gpu.name.mask(lambda n: n in names)
+    return EvidenceRows(gpu=np.flatnonzero(m), gpu_weight=(gpu.end - gpu.ts)[m], module=module)
+
+
+def point_at_code(findings: list[Finding], analysis: Analysis) -> None:
+    """Give each finding the line (and module) its evidence comes from, where the trace
+    has the cell's statement ranges (see :mod:`gpumagic.profile.where`)."""
+    if not len(analysis.trace.code.statements) and not len(analysis.trace.code.modules):
+        return
+    for f in findings:
+        if f.rows is None:
+            continue
+        place = locate(analysis, f.rows)
+        f.line, f.source, f.module = place.line, place.source, place.module
+
+
 def diagnose(analysis: Analysis, live: LiveState | None = None) -> list[Finding]:
     """Run every rule; findings ranked by estimated saving (then severity)."""
     if len(analysis.steps) == 0:
@@ -1065,6 +1114,7 @@ def diagnose(analysis: Analysis, live: LiveState | None = None) -> list[Finding]
         low.severity = _severity(low.saving_us, ctx.step_us)
     rank = {s: i for i, s in enumerate(SEVERITIES)}
     found.sort(key=lambda f: (-f.saving_us, rank.get(f.severity, 3), f.rule))
+    point_at_code(found, analysis)
     return found
 
 

@@ -15,6 +15,16 @@ import numpy as np
 from gpumagic.render.comms import communication_html, communication_text
 from gpumagic.render.comms import headline_items as comms_headline_items
 from gpumagic.render.html import escape, kv, table, text_table, wrap
+from gpumagic.render.profile_code import (
+    comparison_lines_html,
+    comparison_lines_text,
+    lines_html,
+    lines_text,
+    modules_html,
+    modules_text,
+    where_html,
+    where_text,
+)
 from gpumagic.units import fmt_bytes, fmt_count, fmt_percent, fmt_us
 
 if TYPE_CHECKING:
@@ -138,7 +148,10 @@ def _text_bar(percent: dict[str, float], width: int = 50) -> str:
 def _finding_text(i: int, f: Finding) -> list[str]:
     saving = f"saves ~{fmt_us(f.saving_us)}/step" if f.saving_us > 0 else "no time estimate"
     confirmed = " (confirmed by the session)" if f.confirmed else ""
-    lines = [f"{i}. [{f.severity}] {f.title} ({f.rule}): {saving}{confirmed}", f"   {f.message}"]
+    lines = [f"{i}. [{f.severity}] {f.title} ({f.rule}): {saving}{confirmed}"]
+    if where_text(f):
+        lines.append(f"   {where_text(f)}")
+    lines.append(f"   {f.message}")
     if f.fix:
         lines.append(f"   fix: {f.fix}")
     for code in f.snippet.splitlines():
@@ -169,6 +182,8 @@ def profile_text(r: ProfileResult, rows: int = 10) -> str:
     else:
         lines.append("")
         lines.append("Findings: none; no rule matched this run.")
+    lines += lines_text(r)
+    lines += modules_text(r, rows)
     if s["ranks"] > 1:
         lines.append("")
         lines.append("Per rank")
@@ -315,7 +330,7 @@ def _finding_html(i: int, f: Finding) -> str:
         f"<b>{i}. {escape(f.title)}</b> "
         f'<span style="color:{color}">[{escape(f.severity)}]</span> '
         f'<span class="gm-sub">{escape(f.rule)} · {escape(saving)}</span>{confirmed}'
-        f"<div>{escape(f.message)}</div>{evidence}"
+        f"{where_html(f)}<div>{escape(f.message)}</div>{evidence}"
         f"<div><b>Fix:</b> {escape(f.fix)}</div>{snippet}</div>"
     )
 
@@ -537,6 +552,8 @@ def profile_html(r: ProfileResult, rows: int = 15) -> str:
         parts.extend(_finding_html(i, f) for i, f in enumerate(r.findings, 1))
     else:
         parts.append("<div class='gm-box gm-info'>No findings: no rule matched this run.</div>")
+    parts.append(lines_html(r))
+    parts.append(modules_html(r))
     if s["ranks"] > 1:
         headers, body = _per_rank_rows(r)
         slow = ["gm-hot" if row.slowest else "" for row in r.per_rank.itertuples()]
@@ -677,6 +694,7 @@ def comparison_text(c: Comparison) -> str:
                 left=[0, 3],
             )
         )
+    lines += comparison_lines_text(c)
     return "\n".join(lines)
 
 
@@ -730,4 +748,5 @@ def comparison_html(c: Comparison) -> str:
                 left=[0, 3],
             )
         )
+    parts.append(comparison_lines_html(c))
     return wrap("profile-compare", "".join(parts))
