@@ -637,7 +637,7 @@ def test_m12_gpuenv_survives_device_properties_that_raise(show, ip, monkeypatch,
 
 
 @pytest.mark.gpu
-def test_gpuenv_on_a_gpu(show, ip):
+def test_t7_gpuenv_on_a_gpu(show, ip):
     """T7: the GPU-positive report, whichever source described the GPUs: torch's device
     properties when CUDA was initialised before (earlier tests), NVML's otherwise (M1)."""
     r = show("%gpuenv")

@@ -34,7 +34,7 @@ def cuda_setup(run):
     assert r.result.success, r.stdout
 
 
-def test_training_steps_profiled_with_kernels_and_sane_findings(ip, run, cuda_setup):
+def test_t2_m8_training_steps_profiled_on_the_gpu_torch_names(ip, run, cuda_setup):
     r = run(
         "%%gpuprofile -q\n"
         "for step in range(8):\n"
@@ -108,7 +108,7 @@ def _gemm_kernels(p) -> list[str]:
     return [k for k in p.kernels["name"] if _GEMM.search(k)]
 
 
-def test_fp32_matmul_on_tensor_core_gpu_fires_tensor_cores_and_autocast_fixes_it(
+def test_t1_b2_fp32_matmul_on_tensor_core_gpu_fires_tensor_cores_and_autocast_fixes_it(
     ip, run, ieee_matmul
 ):
     import torch

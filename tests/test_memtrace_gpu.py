@@ -23,7 +23,7 @@ def _cuda(ip):
     torch.cuda.empty_cache()
 
 
-def test_cuda_deltas_peaks_and_reserved(ip, run):
+def test_t8_cuda_deltas_peaks_and_reserved(ip, run):
     r = run(
         "%%memtrace -q\n"
         "a = torch.zeros(16 * 2**20, device='cuda')\n"
@@ -51,7 +51,7 @@ def test_cuda_loop_accumulates_hits(ip, run):
     assert rows.loc[4, "delta_bytes"] == 4 * 4 * MiB
 
 
-def test_real_cuda_oom_report_and_memory_comes_back(ip, run):
+def test_t8_real_cuda_oom_report_and_memory_comes_back(ip, run):
     import torch
 
     baseline = torch.cuda.memory_allocated()

@@ -46,7 +46,7 @@ def _watched_gpus(w: Any) -> int:
     return sum(d.kind == "gpu" for d in w.devices)
 
 
-def test_real_samples() -> None:
+def test_t3_t4_real_samples() -> None:
     import torch
 
     from gpumagic.monitor import watch
@@ -203,7 +203,7 @@ def test_cuda_visible_devices_mapping() -> None:
     assert hidden["gpus"] == [] and "hides every GPU" in hidden["reason"]
 
 
-def test_busy_cell_shows_high_utilization(wshell: Any) -> None:
+def test_t4_m12_busy_cell_shows_high_utilization(wshell: Any) -> None:
     import torch
 
     from gpumagic.monitor import watch
