@@ -67,3 +67,4 @@ def test_nn_dataparallel_in_the_cell_fires_dataparallel_confirmed(ip, run):
     assert f.confirmed
     assert f.evidence["wrapped_in_namespace"] == "dp"
     assert f.evidence["data_parallel_forward_calls_per_step"] == 1
+    assert (f.line, f.source) == (3, "y = dp(x)")  # the line that calls the wrapped model

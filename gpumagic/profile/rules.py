@@ -966,6 +966,18 @@ def communication(c: Context) -> Finding | None:
         fix=fix,
         snippet=snippet,
         confirmed=unused,
+        rows=_communication_rows(c, comms.kernels, comms.host),
+    )
+
+
+def _communication_rows(c: Context, gpu_mask: np.ndarray, host_mask: np.ndarray) -> EvidenceRows:
+    """Collective kernels and host spans inside the steps, weighted by duration: the line
+    whose range launched most of them (``loss.backward()`` for DDP's bucketed all-reduce)."""
+    gpu, host = c.trace.gpu, c.trace.host
+    g = np.flatnonzero(gpu_mask & c.gpu_in_steps)
+    h = np.flatnonzero(host_mask & c.host_in_steps(host.ts))
+    return EvidenceRows(
+        host=h, host_weight=(host.end - host.ts)[h], gpu=g, gpu_weight=(gpu.end - gpu.ts)[g]
     )
 
 
@@ -1010,6 +1022,7 @@ def dataparallel(c: Context) -> Finding | None:
         fix="Use DistributedDataParallel, one process per GPU (torchrun), instead of nn.DataParallel.",
         snippet=snippet,
         confirmed=bool(live),
+        rows=EvidenceRows(host=np.flatnonzero(spans)),  # the line calling the wrapped model
     )
     f.severity = "medium"
     return f
@@ -1058,6 +1071,7 @@ def gloo_on_gpu(c: Context) -> Finding | None:
         fix="Use the NCCL backend for collectives on CUDA tensors.",
         snippet=snippet,
         confirmed=live_gloo,
+        rows=_communication_rows(c, copies, comms.host),
     )
     if f.severity == "low":
         f.severity = "medium"  # the copies are the least of it: the CPU does the reduction

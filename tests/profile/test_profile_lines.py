@@ -284,3 +284,25 @@ def test_sync_optimizer_and_launch_bound_name_their_lines(tmp_path):
     assert (found["optimizer"].line, found["optimizer"].source) == (3, "optimizer.step()")
     assert found["launch_bound"].line == 3  # the line that launched the short kernels
     assert all(f.module == "" for f in r.findings)  # no module spans in this trace
+
+
+def test_communication_finding_names_the_line_that_launched_the_collectives(tmp_path):
+    # DDP's bucketed all-reduce: NCCL kernels launched from autograd's thread while
+    # loss.backward() runs; nothing computes beside them, so communication is exposed
+    b = TraceBuilder()
+    b.op("gpumagic.line#0 L2", 0.0, 1000.0)
+    b.op("gpumagic.line#1 L3", 1000.0, 1000.0)
+    b.op("gpumagic.line#2 L4", 2000.0, 3000.0)
+    b.launch("volta_sgemm_128x64_nn", 100.0, gpu_ts=200.0, gpu_dur=600.0)
+    b.launch("Memcpy HtoD (Pageable -> Device)", 1150.0, 1200.0, 80.0, cat="gpu_memcpy")
+    b.launch("volta_sgemm_64x64_nt", 2100.0, gpu_ts=2200.0, gpu_dur=300.0, tid=2)
+    b.launch(
+        "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+        2600.0, gpu_ts=2700.0, gpu_dur=1800.0, tid=2,
+    )
+    p = load_trace(_write(b, tmp_path / "ddp.json"))
+    assert p.breakdown.loc["Communication", "percent"] > 10
+    f = {f.rule: f for f in p.findings}["communication"]
+    assert (f.line, f.source) == (4, "loss.backward()")
+    lines = p.lines.set_index("line")
+    assert lines.loc[4, "device_us"] == pytest.approx(300.0 + 1800.0)
