@@ -30,6 +30,12 @@ STEPS = (
 )
 
 
+def _own_notes(p):
+    """The report's notes but the one an earlier test's torch.compile leaves for the rest of
+    the process (no module hooks while compiled code exists)."""
+    return [n for n in p.notes if not n.startswith("No per-module times")]
+
+
 @pytest.fixture
 def live_views(monkeypatch):
     """Every LiveView %%gpuprofile makes, drawing (GPUMAGIC_LIVE=display) as in a kernel."""
@@ -202,8 +208,9 @@ def test_m7_cuda_recorded_but_no_gpu_events_says_so(ip, run, cuda_believed):
     assert r.result.success, r.result.error_in_exec
     p = ip.user_ns["_gpuprofile"]
     assert p.summary["cpu_only"] is True
-    assert len(p.notes) == 1
-    note = p.notes[0]
+    # exactly one note about the missing GPU events (an earlier test's torch.compile adds a
+    # note of its own about module hooks to every later profile of this process)
+    (note,) = [n for n in p.notes if "GPU events" in n]
     assert note.startswith("CUDA activity was recorded, yet the trace holds no GPU events")
     assert "CUPTI may be busy or unavailable" in note and "lacks Kineto's GPU support" in note
     assert "note: CUDA activity was recorded" in p.to_text()
@@ -216,7 +223,7 @@ def test_m7_cpu_only_cell_on_a_cuda_machine_gets_no_note(ip, run, cuda_believed,
     monkeypatch.setattr(cuda_believed, "_cuda_used", lambda at_start: False)
     r = run("%%gpuprofile -q\n" + MATMUL)
     assert r.result.success
-    assert ip.user_ns["_gpuprofile"].notes == []
+    assert _own_notes(ip.user_ns["_gpuprofile"]) == []
 
 
 def test_m7_the_cell_used_the_gpu_when_cuda_memory_moved(monkeypatch):
@@ -267,7 +274,7 @@ def test_m8_first_marked_step_left_out_by_default_and_keep_first_keeps_it(ip, ru
         "steps: 3 of 4 (ProfilerStep 1-3; the first (setup) left out, --keep-first keeps it)"
         in (r.bundles[0]["text/plain"])
     )
-    assert p.notes == []  # every marked step is in the trace
+    assert _own_notes(p) == []  # every marked step is in the trace
 
     r = run("%%gpuprofile -q --keep-first\n" + STEPS)
     assert r.result.success
@@ -318,7 +325,7 @@ def test_m8_device_collection_stopped_early_is_noted(ip, run, monkeypatch):
         n.startswith("The profiler stopped collecting device activity early, at step 3 of the 6")
         for n in p.notes
     ), p.notes
-    assert "--wait/--warmup/--active" in p.notes[-1]
+    assert "--wait/--warmup/--active" in _own_notes(p)[-1]
 
 
 # --- M9 ---------------------------------------------------------------------------------------

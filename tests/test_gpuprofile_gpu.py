@@ -28,6 +28,12 @@ pinned_x, pinned_y = host_x.pin_memory(), host_y.pin_memory()
 """
 
 
+def _own_notes(p):
+    """The report's notes but the one an earlier test's torch.compile leaves for the rest of
+    the process (no module hooks while compiled code exists)."""
+    return [n for n in p.notes if not n.startswith("No per-module times")]
+
+
 @pytest.fixture
 def cuda_setup(run):
     r = run(SETUP)
@@ -49,7 +55,7 @@ def test_t2_m8_training_steps_profiled_on_the_gpu_torch_names(ip, run, cuda_setu
     s = p.summary
     # 8 marked, the first (cuBLAS/cuDNN handles, lazy module loading) left out (audit M8)
     assert s["steps"] == 7 and s["first_step_left_out"] is True and s["cpu_only"] is False
-    assert p.notes == []  # GPU events were recorded: no "no GPU events" note (audit M7)
+    assert _own_notes(p) == []  # GPU events were recorded: no "no GPU events" note (audit M7)
     assert 0 < s["gpu_utilization_percent"] <= 100
     assert len(p.kernels) > 0
     assert p.breakdown.loc["Kernel", "percent"] > 0
@@ -89,7 +95,7 @@ def test_m7_a_cpu_cell_in_a_gpu_session_gets_no_missing_gpu_events_note(ip, run,
     r = run("%%gpuprofile -q\nimport torch\nx = torch.randn(64, 64) @ torch.randn(64, 64)\n")
     assert r.result.success, r.stdout
     p = ip.user_ns["_gpuprofile"]
-    assert p.notes == [], p.notes
+    assert _own_notes(p) == [], p.notes
 
 
 @pytest.fixture

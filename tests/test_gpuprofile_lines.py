@@ -361,7 +361,10 @@ def test_compiled_models_stay_unhooked_so_they_never_recompile(ip, run):
             r = run("%%gpuprofile -q\nfor i in range(3):\n    out = fast(inp)\n")
         after = counters["stats"]["unique_graphs"]
     finally:
-        torch._dynamo.reset()  # "compiled code in this session" must not outlive the test
+        # "compiled code in this session" must not outlive the test: reset() drops the
+        # compiled code, and the counters the probe reads are cleared with it
+        torch._dynamo.reset()
+        counters.clear()
     assert r.result.success, r.stdout
     assert not [w for w in caught if "global hooks" in str(w.message)]
     assert graphs == 1 and after == graphs  # the profiled calls did not recompile

@@ -11,6 +11,7 @@ from IPython.core.magic import (
     output_can_be_silenced,
 )
 
+from gpumagic.cell import running_cell_number
 from gpumagic.magics.args import MagicParser, without_silencer
 from gpumagic.render.html import Note, Rendered, escape, wrap
 
@@ -277,7 +278,9 @@ class ProfileMagics(Magics):
                 skip_first=skip_first,
                 labels=labels,
             )
-            result.name = opts.name or result.name
+            # the temporary trace file's name says nothing: a cell is known by its In[n]
+            number = running_cell_number(self.shell)
+            result.name = opts.name or (f"cell In[{number}]" if number is not None else "cell")
             self._store(result, opts)
             if opts.name:
                 self.runs[opts.name] = result

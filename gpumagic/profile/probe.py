@@ -160,8 +160,8 @@ class CodeProbe:
 
 _COMPILE_NOTE = (
     "Global module hooks would make torch.compile's code recompile (its guards check that no "
-    "global hook is registered), so %%gpuprofile leaves compiled models unhooked; the lines "
-    "are timed all the same."
+    "global hook is registered), so %%gpuprofile registers no module hooks while compiled "
+    "code is in use; the lines are timed all the same."
 )
 
 
