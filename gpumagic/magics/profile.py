@@ -173,6 +173,7 @@ class ProfileMagics(Magics):
     def _profile(self, opts: Any, cell: str, line: str) -> Any:
         __tracebackhide__ = True
         from gpumagic.cell import execute, prepare
+        from gpumagic.profile.finish import Finished
         from gpumagic.profile.record import Recorder, RecordOptions
         from gpumagic.render.live import LiveView
 
@@ -180,25 +181,12 @@ class ProfileMagics(Magics):
         attribute = not opts.no_attribution
         prepared = prepare(shell, cell, f"%%gpuprofile {line}".rstrip(), instrument=attribute)
         try:
-            recorder = Recorder(
-                RecordOptions(
-                    opts.memory,
-                    opts.shapes,
-                    opts.stack,
-                    opts.flops,
-                    opts.wait,
-                    opts.warmup,
-                    opts.active,
-                )
-            )
+            options = (opts.memory, opts.shapes, opts.stack, opts.flops)
+            recorder = Recorder(RecordOptions(*options, opts.wait, opts.warmup, opts.active))
         except ImportError as exc:
             raise PARSER.usage_error(f"%%gpuprofile needs torch: {exc}") from None
-        live = LiveView(
-            lambda: _live_line(recorder),
-            delay=1.0,
-            interval=1.0,
-            mode="off" if opts.quiet else None,
-        )
+        mode = "off" if opts.quiet else None
+        live = LiveView(lambda: _live_line(recorder), delay=1.0, interval=1.0, mode=mode)
         error: BaseException | None = None
         problems: list[str] = []
         probe = _probe(prepared, shell.user_ns) if attribute else None
@@ -212,99 +200,45 @@ class ProfileMagics(Magics):
             error = exc
         finally:
             problems += _stop(probe)  # the hooks go, also after an error
-        result: Any = None
-        analysed = False
+        done = Finished()
         try:
-            result, more, analysed = self._collect(recorder, opts, probe)
-            problems += more
-        except Exception as exc:  # our bug: it must not hide the cell's own outcome (audit B1)
-            problems.append(f"the profile could not be built ({type(exc).__name__}: {exc})")
+            done = self._finish(recorder, opts, probe)
         finally:
             # Whatever failed after the cell ran, the live line ends, the temporary trace
             # goes, and the cell's own exception (or value) is what the cell gives.
             recorder.cleanup()
-            shown = self._shown(opts, error, result if analysed else None, problems)
+            shown = self._shown(
+                opts, error, done.result if done.analysed else None, problems + done.problems
+            )
             live.finish(shown, display_if_off=True)
             self.last_live_frames = live.pushes
         if error is not None:
             raise error
         return value
 
-    def _collect(self, recorder: Any, opts: Any, probe: Any = None) -> tuple[Any, list[str], bool]:
-        """Stop the recorder and analyse its trace: (result or None, problems, analysed).
+    def _finish(self, recorder: Any, opts: Any, probe: Any) -> Any:
+        """The core's ending of a profiled cell; the result kept under its names."""
+        from gpumagic.profile.finish import Finished, finish
 
-        Each step that can fail after the cell ran is caught on its own and said, so what
-        can be kept is kept: a profile without the session's settings, a trace whose
-        analysis failed (left on disk, named in the note)."""
-        from gpumagic.profile.live import capture_live_state
-        from gpumagic.profile.load import load_trace
-
-        problems: list[str] = []
+        done = Finished()
         try:
-            trace = recorder.stop()
-        except Exception as exc:  # RecordError, or what torch raised stopping (audit M9)
-            return None, [_reason(exc)], False
-        state = None
-        try:
-            state = capture_live_state(self.shell.user_ns)  # type: ignore[union-attr]
-        except Exception as exc:
-            problems.append(
-                f"the session's settings could not be read ({_reason(exc)}); "
-                "the diagnosis uses the trace alone"
-            )
-        labels = None
-        if probe is not None:
-            try:
-                labels = probe.labels()
-            except Exception as exc:
-                problems.append(f"the cell's lines and modules could not be named ({_reason(exc)})")
-        saved = None
-        if opts.trace:
-            try:
-                saved = recorder.save(opts.trace, labels.to_json() if labels is not None else None)
-            except Exception as exc:
-                problems.append(f"the trace could not be written to {opts.trace} ({_reason(exc)})")
-        result = None
-        try:
-            # Without a schedule the first marked step holds the first-call setup (audit M8).
-            skip_first = (
-                recorder.marked_steps and not recorder.options.scheduled and not opts.keep_first
-            )
-            result = load_trace(
-                trace,
-                state,
-                step_marks=recorder.marked_steps,
-                mark_limit=recorder.mark_limit,
-                skip_first=skip_first,
-                labels=labels,
-            )
             # the temporary trace file's name says nothing: a cell is known by its In[n]
             number = running_cell_number(self.shell)
-            result.name = opts.name or (f"cell In[{number}]" if number is not None else "cell")
-            self._store(result, opts)
-            if opts.name:
-                self.runs[opts.name] = result
-            st = result.primary.steps
-            in_trace = len(st) + int(st.first_left_out) + st.dropped
-            result.notes = recorder.notes(
-                result.primary.trace, in_trace if st.source == "ProfilerStep" else 0
-            ) + (probe.notes if probe is not None else [])
-            # analyse now, so a failure is told here and not by a traceback in the report
-            _ = result.summary, result.findings
-        except Exception as exc:
-            try:
-                kept = (
-                    f"the trace is kept at {saved or recorder.keep()} "
-                    "(%gpuprofile --load PATH, or open it in Perfetto)"
-                )
-            except Exception as keep_exc:
-                kept = f"the trace could not be kept ({_reason(keep_exc)})"
-            problems.append(
-                f"the analysis failed ({_reason(exc)}); {kept}"
-                + ("; the partial result is in _gpuprofile" if result is not None else "")
+            done = finish(
+                recorder,
+                self.shell.user_ns,  # type: ignore[union-attr]
+                probe,
+                name=opts.name or (f"cell In[{number}]" if number is not None else "cell"),
+                trace_path=opts.trace,
+                keep_first=opts.keep_first,
             )
-            return result, problems, False
-        return result, problems, True
+            if done.result is not None:  # a partial result too: the user may look into it
+                self._store(done.result, opts)
+                if opts.name:
+                    self.runs[opts.name] = done.result
+        except Exception as exc:  # our bug: it must not hide the cell's own outcome (audit B1)
+            done.problems.append(f"the profile could not be built ({type(exc).__name__}: {exc})")
+        return done
 
     @staticmethod
     def _shown(opts: Any, error: BaseException | None, result: Any, problems: list[str]) -> Any:
@@ -330,9 +264,9 @@ class ProfileMagics(Magics):
 
 
 def _reason(exc: BaseException) -> str:
-    from gpumagic.profile.record import RecordError
+    from gpumagic.profile.finish import reason
 
-    return str(exc) if isinstance(exc, RecordError) else f"{type(exc).__name__}: {exc}"
+    return reason(exc)
 
 
 def _probe(prepared: Any, namespace: Any) -> Any:

@@ -1,0 +1,115 @@
+"""After a profiled cell ran: stop the recorder, read the session, analyse the trace.
+
+This is the core half of ``%%gpuprofile``'s ending (the magic only shows what comes out).
+Each step that can fail once the cell has run is caught on its own and said, so what can
+be kept is kept (audit B1, M9): a profile without the session's settings, a trace whose
+analysis failed (left on disk, its path in the problem), the stop of a profiler that
+raised. Nothing here may hide the cell's own outcome.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpumagic.profile import live, load
+from gpumagic.profile.record import RecordError
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from gpumagic.profile.probe import CodeProbe
+    from gpumagic.profile.record import Recorder
+    from gpumagic.profile.result import ProfileResult
+
+
+def reason(exc: BaseException) -> str:
+    """An exception as a problem line: a RecordError says it all, others name their type."""
+    return str(exc) if isinstance(exc, RecordError) else f"{type(exc).__name__}: {exc}"
+
+
+@dataclass
+class Finished:
+    """What a profiled cell left: the result (None when nothing could be analysed), the
+    problems met on the way, and whether the analysis completed (a partial result is kept
+    for the user, but not shown as a report)."""
+
+    result: ProfileResult | None = None
+    problems: list[str] = field(default_factory=list)
+    analysed: bool = False
+
+
+def finish(
+    recorder: Recorder,
+    namespace: Mapping[str, Any],
+    probe: CodeProbe | None = None,
+    *,
+    name: str,
+    trace_path: str | None = None,
+    keep_first: bool = False,
+) -> Finished:
+    """Stop ``recorder`` and analyse its trace with the session facts of ``namespace`` and
+    the cell's statement and module labels from ``probe``; the result is called ``name``.
+    ``trace_path``: also save the trace there (``--trace``). Never raises for a failure
+    after the cell ran: it is a problem line of the returned :class:`Finished`."""
+    out = Finished()
+    try:
+        trace = recorder.stop()
+    except Exception as exc:  # RecordError, or what torch raised stopping (audit M9)
+        out.problems.append(reason(exc))
+        return out
+    state = None
+    try:
+        state = live.capture_live_state(namespace)
+    except Exception as exc:
+        out.problems.append(
+            f"the session's settings could not be read ({reason(exc)}); "
+            "the diagnosis uses the trace alone"
+        )
+    labels = None
+    if probe is not None:
+        try:
+            labels = probe.labels()
+        except Exception as exc:
+            out.problems.append(f"the cell's lines and modules could not be named ({reason(exc)})")
+    saved: Path | None = None
+    if trace_path:
+        try:
+            saved = recorder.save(trace_path, labels.to_json() if labels is not None else None)
+        except Exception as exc:
+            out.problems.append(f"the trace could not be written to {trace_path} ({reason(exc)})")
+    try:
+        # Without a schedule the first marked step holds the first-call setup (audit M8).
+        skip_first = recorder.marked_steps and not recorder.options.scheduled and not keep_first
+        out.result = load.load_trace(
+            trace,
+            state,
+            step_marks=recorder.marked_steps,
+            mark_limit=recorder.mark_limit,
+            skip_first=skip_first,
+            labels=labels,
+        )
+        out.result.name = name
+        st = out.result.primary.steps
+        in_trace = len(st) + int(st.first_left_out) + st.dropped
+        out.result.notes = recorder.notes(
+            out.result.primary.trace, in_trace if st.source == "ProfilerStep" else 0
+        ) + (probe.notes if probe is not None else [])
+        # analyse now, so a failure is told here and not by a traceback in the report
+        _ = out.result.summary, out.result.findings
+    except Exception as exc:
+        try:
+            kept = (
+                f"the trace is kept at {saved or recorder.keep()} "
+                "(%gpuprofile --load PATH, or open it in Perfetto)"
+            )
+        except Exception as keep_exc:
+            kept = f"the trace could not be kept ({reason(keep_exc)})"
+        out.problems.append(
+            f"the analysis failed ({reason(exc)}); {kept}"
+            + ("; the partial result is in _gpuprofile" if out.result is not None else "")
+        )
+        return out
+    out.analysed = True
+    return out
