@@ -8,8 +8,10 @@ object (:mod:`gpumagic.profile.result`) turns these into DataFrames and reports.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
@@ -107,15 +109,17 @@ class MemoryPeak:
     measure: str  # "reserved", "allocated", or "allocated since the trace began"
 
 
-# Collectives as Kineto names them: NCCL/RCCL kernels on the device; on the host the c10d
-# ops (c10d::allreduce_), the backend's record_function ("nccl:all_reduce",
-# "gloo:all_reduce") and DDP's record_param_comms spans.
-_DEVICE_COLLECTIVE = re.compile(r"^(?:void )?(?:nccl|rccl|ncclDevKernel|ncclKernel)", re.IGNORECASE)
+# Collectives on the host as Kineto names them: the c10d ops (c10d::allreduce_), the
+# backend's record_function ("nccl:all_reduce", "gloo:all_reduce") and DDP's
+# record_param_comms spans (on the device: the communication kernels, comms.py).
 _HOST_COLLECTIVE = re.compile(
     r"^(?:c10d::|(?:nccl|gloo|mpi|ucc|rccl):)(?:all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|"
     r"broadcast|reduce|barrier|_allgather_base|_reduce_scatter_base)|^record_param_comms$",
     re.IGNORECASE,
 )
+
+
+_T = TypeVar("_T")
 
 
 class Analysis:
@@ -132,6 +136,16 @@ class Analysis:
         self.step_marks = step_marks  # False: ignore ProfilerStep spans when finding steps
         self.mark_limit = mark_limit  # ProfilerStep#N with N >= this are not steps (a cell's tail)
         self.skip_first = skip_first  # leave the first marked step (first-call setup) out
+        self._memos: dict[str, object] = {}  # see memo()
+
+    def memo(self, key: str, make: Callable[[], _T]) -> _T:
+        """What ``make()`` builds, made once and kept on this analysis. For the modules that
+        build on an Analysis (per-line and per-module attribution) and so cannot be its
+        cached properties without an import circle; a cache outside it would keep every
+        analysis alive, since what it holds refers back to its analysis."""
+        if key not in self._memos:
+            self._memos[key] = make()
+        return self._memos[key]  # type: ignore[return-value]
 
     # --- links -----------------------------------------------------------------------
 
@@ -229,7 +243,7 @@ class Analysis:
             return 0.0
         host, gpu = self.trace.host, self.trace.gpu
         on_host = host.name.mask(lambda n: _HOST_COLLECTIVE.search(n) is not None)
-        on_gpu = gpu.name.mask(lambda n: _DEVICE_COLLECTIVE.search(n) is not None)
+        on_gpu = self.comms.kernels
         starts = np.concatenate([host.ts[on_host], gpu.ts[on_gpu]]).astype(float)
         ends = np.concatenate([host.end[on_host], gpu.end[on_gpu]]).astype(float)
         if not len(starts):

@@ -184,10 +184,5 @@ class LineAttribution:
 
 
 def line_attribution(analysis: Analysis) -> LineAttribution:
-    """The per-line attribution of ``analysis``, made once and kept on it (a cache
-    outside it would keep every analysis alive: the attribution refers to its analysis)."""
-    key = "_gpumagic_line_attribution"
-    found = analysis.__dict__.get(key)
-    if found is None:
-        found = analysis.__dict__[key] = LineAttribution(analysis)
-    return found
+    """The per-line attribution of ``analysis``, made once and kept on it."""
+    return analysis.memo("LineAttribution", lambda: LineAttribution(analysis))

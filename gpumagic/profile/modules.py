@@ -245,10 +245,5 @@ def _owner(parent: np.ndarray, node_of: np.ndarray) -> np.ndarray:
 
 
 def module_attribution(analysis: Analysis) -> ModuleAttribution:
-    """The per-module attribution of ``analysis``, made once and kept on it (a cache
-    outside it would keep every analysis alive: the attribution refers to its analysis)."""
-    key = "_gpumagic_module_attribution"
-    found = analysis.__dict__.get(key)
-    if found is None:
-        found = analysis.__dict__[key] = ModuleAttribution(analysis)
-    return found
+    """The per-module attribution of ``analysis``, made once and kept on it."""
+    return analysis.memo("ModuleAttribution", lambda: ModuleAttribution(analysis))
