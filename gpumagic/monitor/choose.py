@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpumagic.monitor.devices import parse_visible_devices
 from gpumagic.monitor.nvml import nvml_state
-from gpumagic.monitor.processes import GpuProcess, compute_processes, describe_pid
+from gpumagic.monitor.processes import GpuProcess, compute_processes, process_rows
 from gpumagic.render.html import Rendered
 from gpumagic.units import fmt_bytes, fmt_percent
 
@@ -224,26 +224,8 @@ def _read(module: Any, handle: Any, candidate: Candidate, own_pid: int, sample_s
     procs, why = compute_processes(module, handle)
     if procs is None:
         candidate.process_note = f"process list unavailable ({why})"
-    for proc in procs or []:
-        pid = getattr(proc, "pid", None)
-        if not isinstance(pid, int):
-            continue
-        user, command, note = describe_pid(pid)
-        mem = getattr(proc, "usedGpuMemory", None)
-        candidate.processes.append(
-            GpuProcess(
-                device=f"GPU {candidate.index}",
-                label=f"GPU {candidate.index}",
-                index=candidate.index,
-                cuda_index=None,
-                pid=pid,
-                user=user,
-                gpu_memory=math.nan if mem is None else float(mem),
-                command=command,
-                this_kernel=pid == own_pid,
-                note=note,
-            )
-        )
+    gpu = f"GPU {candidate.index}"
+    candidate.processes += process_rows(procs or [], gpu, gpu, candidate.index, None, own_pid)
     mig = _call(module, "nvmlDeviceGetMigMode", handle)
     if isinstance(mig, (tuple, list)) and mig and mig[0] == 1:
         candidate.skipped.append(

@@ -147,6 +147,44 @@ def describe_pid(pid: int) -> tuple[str | None, str | None, str]:
     return user, command, note
 
 
+def process_rows(
+    procs: Sequence[Any],
+    device: str,
+    label: str,
+    index: int | None,
+    cuda_index: int | None,
+    own_pid: int,
+    described: dict[int, tuple[str | None, str | None, str]] | None = None,
+) -> list[GpuProcess]:
+    """One row per NVML process entry of one GPU, each pid described once (``described``
+    carries what earlier GPUs learnt: a process on several GPUs is looked up once)."""
+    seen = {} if described is None else described
+    rows: list[GpuProcess] = []
+    for proc in procs:
+        pid = getattr(proc, "pid", None)
+        if not isinstance(pid, int):
+            continue
+        if pid not in seen:
+            seen[pid] = describe_pid(pid)
+        user, command, note = seen[pid]
+        mem = getattr(proc, "usedGpuMemory", None)
+        rows.append(
+            GpuProcess(
+                device=device,
+                label=label,
+                index=index,
+                cuda_index=cuda_index,
+                pid=pid,
+                user=user,
+                gpu_memory=math.nan if mem is None else float(mem),
+                command=command,
+                this_kernel=pid == own_pid,
+                note=note,
+            )
+        )
+    return rows
+
+
 def read_processes(
     module: Any, gpus: Sequence[tuple[Device, Any]], own_pid: int, now: float
 ) -> ProcessTable:
@@ -158,28 +196,9 @@ def read_processes(
         if procs is None:
             table.notes.append(f"{device.label}: process list unavailable ({why})")
             continue
-        for proc in procs:
-            pid = getattr(proc, "pid", None)
-            if not isinstance(pid, int):
-                continue
-            mem = getattr(proc, "usedGpuMemory", None)
-            if pid not in described:
-                described[pid] = describe_pid(pid)
-            user, command, note = described[pid]
-            table.rows.append(
-                GpuProcess(
-                    device=device.key,
-                    label=device.label,
-                    index=device.nvml_index,
-                    cuda_index=device.cuda_index,
-                    pid=pid,
-                    user=user,
-                    gpu_memory=math.nan if mem is None else float(mem),
-                    command=command,
-                    this_kernel=pid == own_pid,
-                    note=note,
-                )
-            )
+        table.rows += process_rows(
+            procs, device.key, device.label, device.nvml_index, device.cuda_index, own_pid, described
+        )
     foreign = {r.pid for r in table.rows if r.note == NOT_IN_NAMESPACE}
     if foreign:
         table.notes.append(CONTAINER_NOTE.format(n=len(foreign)))

@@ -13,28 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from watch_helpers import nvml_and_cuda
 
 REPO = Path(__file__).resolve().parents[2]
 MIB = 1024**2
 
 
-def _nvml_and_cuda() -> bool:
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            return False
-        import pynvml
-
-        pynvml.nvmlInit()
-        return int(pynvml.nvmlDeviceGetCount()) > 0
-    except Exception:
-        return False
-
-
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not _nvml_and_cuda(), reason="needs a CUDA GPU and NVML"),
+    pytest.mark.skipif(not nvml_and_cuda(), reason="needs a CUDA GPU and NVML"),
 ]
 
 

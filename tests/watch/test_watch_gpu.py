@@ -12,29 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from watch_helpers import wait_for
+from watch_helpers import nvml_and_cuda, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 GIB = 1024**3
 
 
-def _nvml_and_cuda() -> bool:
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            return False
-        import pynvml
-
-        pynvml.nvmlInit()
-        return int(pynvml.nvmlDeviceGetCount()) > 0
-    except Exception:
-        return False
-
-
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not _nvml_and_cuda(), reason="needs a CUDA GPU and NVML"),
+    pytest.mark.skipif(not nvml_and_cuda(), reason="needs a CUDA GPU and NVML"),
 ]
 
 

@@ -18,3 +18,18 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
             return True
         time.sleep(0.02)
     return predicate()
+
+
+def nvml_and_cuda() -> bool:
+    """A CUDA GPU torch can use and NVML that lists one: what the real-GPU watcher tests need."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return False
+        import pynvml
+
+        pynvml.nvmlInit()
+        return int(pynvml.nvmlDeviceGetCount()) > 0
+    except Exception:
+        return False
