@@ -10,7 +10,7 @@ Modes (default: ``cell`` then ``load``; ``--ranges`` is on demand):
            a small CNN training step on the CPU (target: ratio <= 1.10); ``mlp``, a tiny MLP
            whose steps take about a millisecond, where the per-statement and per-module cost
            shows (reported, no target). Ratio: median of adjacent pairs, with their
-           interquartile range.
+           95% confidence interval (benchmarks/ratios.py).
 ``load``   Trace load + analysis of the shared traces (everything the report shows,
            lines and modules included) by this checkout against a baseline commit's code
            (default: the merge base with ``main``), each in its own long-lived interpreter,
@@ -26,7 +26,6 @@ Modes (default: ``cell`` then ``load``; ``--ranges`` is on demand):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -39,6 +38,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's gpumagic, whatever is installed
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "benchmarks"))
+from ratios import TimingWorker, median_ci, verdict  # noqa: E402 - the benchmarks' shared helper
 from trace_data import REGISTRY, TraceUnavailable, fetch  # noqa: E402
 
 TARGET_CELL = 1.10
@@ -86,13 +87,6 @@ def _cell(workload: str) -> str:
     return text
 
 
-def _quartiles(values: list[float]) -> tuple[float, float]:
-    if len(values) < 2:
-        return values[0], values[0]
-    q = statistics.quantiles(values, n=4, method="inclusive")
-    return q[0], q[2]
-
-
 def bench_cell(repeats: int) -> bool:
     from IPython.core.interactiveshell import InteractiveShell
 
@@ -111,14 +105,15 @@ def bench_cell(repeats: int) -> bool:
 
     print(
         f"%%gpuprofile with and without line + module attribution: the cell's own main-thread "
-        f"CPU time, median ratio of {repeats} adjacent pairs [interquartile range]; the "
+        f"CPU time, median ratio of {repeats} adjacent pairs [95% CI of the median]; the "
         "magic's wall time (export, analysis) last"
     )
     print(
-        f"{'workload':<8} {'plain s':>8} {'attrib s':>9} {'ratio':>7} {'[IQR]':>15} "
+        f"{'workload':<8} {'plain s':>8} {'attrib s':>9} {'ratio':>7} {'[95% CI]':>15} "
         f"{'per stmt':>9} {'per call':>9} {'wall ratio':>10}"
     )
     ok = True
+    cnn_verdict = "cnn: not run"
     for name in WORKLOADS:
         cell = _cell(name)
         run("", cell)  # warm-up: first calls, the profiler's own start-up
@@ -138,7 +133,7 @@ def bench_cell(repeats: int) -> bool:
         module_calls = int(p.modules["calls"].sum())
         ratios = [a / b for a, b in zip(attrib, plain)]
         ratio = statistics.median(ratios)
-        lo, hi = _quartiles(ratios)
+        lo, hi = median_ci(ratios)
         extra_us = 1e6 * (ratio - 1.0) * statistics.median(plain)
         # what one statement boundary and one module call cost, assuming the extra time is
         # all theirs and a module call costs about twice a boundary (two hooks, one range);
@@ -150,9 +145,11 @@ def bench_cell(repeats: int) -> bool:
             f"{ratio:6.3f}x [{lo:5.3f}-{hi:5.3f}] {unit} {statistics.median(wall_ratio):9.3f}x"
         )
         print(f"{'':<8} ({boundaries} statement boundaries, {module_calls} module calls per cell)")
-        if name == "cnn" and ratio > TARGET_CELL:
-            ok = False
-    print(f"target: cnn ratio <= {TARGET_CELL} -> {'met' if ok else 'NOT met'}")
+        if name == "cnn":
+            failed, text = verdict(ratios, TARGET_CELL)
+            cnn_verdict = f"cnn {text}"
+            ok = ok and not failed
+    print(cnn_verdict)
     return ok
 
 
@@ -175,29 +172,13 @@ for line in sys.stdin:
 """
 
 
-class Worker:
-    def __init__(self, package_root: Path) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", _WORKER, str(package_root)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=tempfile.gettempdir(),  # so "import gpumagic" finds only the root given
-        )
-
-    def time(self, path: Path) -> float:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(f"{path}\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError("a load worker exited")
-        return float(json.loads(line)["seconds"])
-
-    def close(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+def load_worker(package_root: Path) -> TimingWorker:
+    """A long-lived interpreter timing load + analysis with the package under ``package_root``."""
+    return TimingWorker(
+        [sys.executable, "-c", _WORKER, str(package_root)],
+        "load worker",
+        cwd=tempfile.gettempdir(),  # so "import gpumagic" finds only the root given
+    )
 
 
 # The last commit of main before per-line/module attribution (issue 10) was merged; what the
@@ -239,7 +220,7 @@ def bench_load(repeats: int, baseline_ref: str | None) -> bool:
             continue
         paths.extend(sorted(p.glob("*.json.gz")) if p.is_dir() else [p])
     base_root, ref = _baseline_tree(baseline_ref)
-    ours, base = Worker(REPO), Worker(base_root)
+    ours, base = load_worker(REPO), load_worker(base_root)
     try:
         for p in paths:  # warm-up: imports, first-call costs
             ours.time(p), base.time(p)
@@ -247,7 +228,7 @@ def bench_load(repeats: int, baseline_ref: str | None) -> bool:
             f"trace load + analysis, this checkout vs {ref[:12]}: best of {repeats} "
             "alternating runs per trace, seconds"
         )
-        print(f"{'trace':<40} {'baseline':>9} {'ours':>9} {'ratio':>7} {'[IQR]':>15}")
+        print(f"{'trace':<40} {'baseline':>9} {'ours':>9} {'ratio':>7} {'[95% CI]':>15}")
         total_ours = total_base = 0.0
         for p in paths:
             a: list[float] = []
@@ -258,7 +239,7 @@ def bench_load(repeats: int, baseline_ref: str | None) -> bool:
                 else:
                     b.append(base.time(p)), a.append(ours.time(p))
             ratios = [x / y for x, y in zip(a, b)]
-            lo, hi = _quartiles(ratios)
+            lo, hi = median_ci(ratios)
             total_ours, total_base = total_ours + min(a), total_base + min(b)
             label = p.name if p.parent.name != "two_ranks" else f"two_ranks/{p.name}"
             print(

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ratios import describe, verdict  # the benchmarks' shared helper, beside this file
+from ratios import TimingWorker, describe, verdict  # the benchmarks' shared helper
 
 REPO = Path(__file__).resolve().parents[1]
 # The real traces come the tests' way (../shared/traces, the cache, a mirror or the origin,
@@ -66,31 +66,9 @@ for line in sys.stdin:
 """
 
 
-class HtaWorker:
+def hta_worker(python: str) -> TimingWorker:
     """A long-lived HTA process (its own interpreter), timed one run at a time."""
-
-    def __init__(self, python: str) -> None:
-        self.proc = subprocess.Popen(
-            [python, "-c", _HTA_WORKER],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-
-    def time(self, path: Path) -> float:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(f"{path}\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError("the HTA worker exited")
-        return float(json.loads(line)["seconds"])
-
-    def close(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+    return TimingWorker([python, "-c", _HTA_WORKER], "HTA worker", stderr=subprocess.DEVNULL)
 
 
 # Run in a fresh interpreter: load + analyse one trace, report time and memory.
@@ -139,7 +117,7 @@ def time_ours_once(path: Path) -> float:
 
 
 def compare_with_hta(
-    path: Path, repeats: int, hta: HtaWorker | None
+    path: Path, repeats: int, hta: TimingWorker | None
 ) -> tuple[list[float], list[float] | None]:
     """Seconds of ``repeats`` runs each for us and for HTA, alternating so that load from
     other processes on a shared machine hits both alike (pair i is ours[i], theirs[i]).
@@ -282,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     print("Trace analysis: gpumagic load + full analysis vs HTA load + temporal + idle breakdown")
     python = _hta_python(args.hta_python)
-    hta = HtaWorker(python) if python is not None else None
+    hta = hta_worker(python) if python is not None else None
     if hta is None:
         print(
             f"  HTA not found (this interpreter, --hta-python, GPUMAGIC_HTA_PYTHON): {HTA_INSTALL}"

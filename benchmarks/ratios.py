@@ -1,4 +1,5 @@
-"""Pair ratios as every benchmark reports them: spread, the median, its 95% CI, a verdict.
+"""Pair ratios as every benchmark reports them: spread, the median, its 95% CI, a verdict;
+and the long-lived timing worker the trace benchmarks run each side in.
 
 On the 2-vCPU machine these benchmarks run on, the speed of one thread moves in steps of
 10-40% that last a second or so, in an idle guest with no steal time and whether or not
@@ -13,8 +14,11 @@ then the run cannot tell the code from the machine, and a rerun (or more pairs) 
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
+import subprocess
+from pathlib import Path
 
 
 def median_ci(values: list[float]) -> tuple[float, float]:
@@ -54,3 +58,29 @@ def verdict(values: list[float], target: float, higher_is_better: bool = False) 
             "the target (the machine's noise; rerun)"
         )
     return True, head + "NOT met"
+
+
+class TimingWorker:
+    """A long-lived interpreter that times one run per path written to its stdin and answers
+    ``{"seconds": ...}`` per line: imports and first-call costs are paid once, outside the
+    timings, and two workers can alternate run by run."""
+
+    def __init__(self, argv: list[str], what: str, **popen: object) -> None:
+        self.what = what
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, **popen
+        )
+
+    def time(self, path: Path) -> float:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(f"{path}\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the {self.what} exited")
+        return float(json.loads(line)["seconds"])
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=60)
