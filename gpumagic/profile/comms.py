@@ -75,7 +75,6 @@ _NOT_COMPUTE = re.compile(r"^nccl.*Kernel|.*Memcpy|^Memset|.*Sync")
 # record_function spans the process-group backends open around each collective
 BACKEND_SPAN = re.compile(r"^(nccl|rccl|xccl|gloo|mpi|ucc):\s*(\S.*)$")
 CPU_BACKENDS = frozenset({"gloo", "mpi", "ucc"})
-DEVICE_BACKENDS = frozenset({"nccl", "rccl", "xccl"})
 _C10D_OP = re.compile(r"^_?c10d(?:_functional)?::")
 _PARAM_COMMS = "record_param_comms"
 
