@@ -17,7 +17,7 @@ Modes (default: ``cell`` then ``load``; ``--ranges`` is on demand):
            runs alternating; best of ``--repeats`` per trace, target ratio <= 1.10 overall.
 ``ranges`` The candidate profiler range APIs, µs per enter/exit pair while a CPU profiler
            records, and the module hooks' cost per module call (the numbers quoted in
-           gpumagic/profile/probe.py).
+           gpumagic/profile/record/probe.py).
 
     python benchmarks/bench_lines.py [--repeats 9] [--mode cell|load|ranges|all]
                                      [--baseline REF]
@@ -321,7 +321,7 @@ def bench_ranges(n: int = 20000) -> None:
         register_module_forward_pre_hook,
     )
 
-    from gpumagic.profile.probe import CodeProbe
+    from gpumagic.profile.record.probe import CodeProbe
 
     lin = torch.nn.Identity()
     x = torch.zeros(1)

@@ -75,7 +75,8 @@ def hta_worker(python: str) -> TimingWorker:
 _OURS_SCRIPT = r"""
 import json, resource, sys, time
 import numpy, pandas, msgspec  # noqa: F401 - imported before the baseline reading
-from gpumagic.profile import analysis, rules  # noqa: F401
+from gpumagic.profile.analysis import trace_analysis  # noqa: F401
+from gpumagic.profile.rules import registry  # noqa: F401
 from gpumagic.profile.load import load_trace
 
 def status(key):

@@ -18,7 +18,7 @@ _LAZY = {
     "MemTrace": ("gpumagic.memory.report", "MemTrace"),
     "load_trace": ("gpumagic.profile.load", "load_trace"),
     "compare": ("gpumagic.profile.compare", "compare"),
-    "step": ("gpumagic.profile.record", "step"),
+    "step": ("gpumagic.profile.record.recorder", "step"),
     "watch": ("gpumagic.monitor", "watch"),
     "env": ("gpumagic.environment", "env"),
     "select_gpus": ("gpumagic.monitor.choose", "select_gpus"),

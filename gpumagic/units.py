@@ -67,6 +67,11 @@ def fmt_gbps(gbps: float | None) -> str:
     return f"{gbps:.1f} GB/s" if gbps < 100 else f"{gbps:.0f} GB/s"
 
 
+def fmt_mean_count(n: float) -> str:
+    """A count averaged over steps: whole when large or whole, else one decimal (``2.5``)."""
+    return f"{n:.0f}" if n >= 10 or float(n).is_integer() else f"{n:.1f}"
+
+
 def fmt_count(n: float | int | None) -> str:
     if n is None or (isinstance(n, float) and math.isnan(n)):
         return "–"

@@ -103,7 +103,7 @@ def test_b1_cell_with_fp32_precision_tf32_is_profiled(ip, run, new_tf32_api):
 def test_b1_failed_capture_keeps_the_profile_ends_the_live_view_and_raises_the_cells_error(
     ip, run, live_views, monkeypatch
 ):
-    from gpumagic.profile import live
+    from gpumagic.profile.record import session as live
 
     def broken(namespace, autocast_enabled=None):
         raise RuntimeError("flag read failed")
@@ -171,7 +171,7 @@ def test_b1_failed_diagnosis_keeps_the_partial_result(ip, run, monkeypatch, priv
 def test_m7_cuda_recordable_needs_kineto_cuda_and_a_gpu(monkeypatch):
     from torch.profiler import ProfilerActivity
 
-    from gpumagic.profile.record import cuda_recordable
+    from gpumagic.profile.record.recorder import cuda_recordable
 
     assert cuda_recordable(torch) is (
         ProfilerActivity.CUDA in torch.profiler.supported_activities() and torch.cuda.is_available()
@@ -195,7 +195,7 @@ _NO_CUDA_WARNING = "ignore:CUDA is not available, disabling CUDA profiling:UserW
 def cuda_believed(monkeypatch):
     """The recorder believes CUDA was recorded (and used by the cell); torch, finding no GPU,
     records none: what a busy CUPTI or a build without Kineto's GPU support leaves."""
-    from gpumagic.profile import record
+    from gpumagic.profile.record import recorder as record
 
     monkeypatch.setattr(record, "cuda_recordable", lambda torch: True)
     monkeypatch.setattr(record, "_cuda_used", lambda at_start: True)
@@ -227,7 +227,7 @@ def test_m7_cpu_only_cell_on_a_cuda_machine_gets_no_note(ip, run, cuda_believed,
 
 
 def test_m7_the_cell_used_the_gpu_when_cuda_memory_moved(monkeypatch):
-    from gpumagic.profile import record
+    from gpumagic.profile.record import recorder as record
 
     stats = {"allocation": {"all": {"allocated": 7, "peak": 3}}, "allocated_bytes": {"all": {}}}
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
@@ -301,7 +301,7 @@ def test_m8_schedule_keeps_its_own_window(ip, run):
 def test_m8_device_collection_stopped_early_is_noted(ip, run, monkeypatch):
     """Kineto reports a stop after the third mark; torch's own profiler then writes the trace
     so far (RECORD -> DEVICE_STOPPED) and records nothing more."""
-    from gpumagic.profile import record
+    from gpumagic.profile.record import recorder as record
 
     real_step = record.Recorder.step
 
@@ -334,7 +334,7 @@ def test_m8_device_collection_stopped_early_is_noted(ip, run, monkeypatch):
 def test_m9_profiler_stop_failing_leaves_nothing_running_and_raises_the_cells_error(
     ip, run, live_views, monkeypatch, private_tmp
 ):
-    from gpumagic.profile.record import current
+    from gpumagic.profile.record.recorder import current
 
     def stop(self):  # as after a sticky CUDA error: torch.cuda.synchronize() raises first
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
@@ -377,7 +377,7 @@ def test_m9_a_cell_that_ran_keeps_its_value_when_stop_fails(ip, run, monkeypatch
 
 
 def _autocast_ops(p) -> set[str]:
-    from gpumagic.profile.rules import autocast_matmuls
+    from gpumagic.profile.analysis.precision import autocast_matmuls
 
     host = p.primary.trace.host
     return {host.name.at(i) for i in np.flatnonzero(autocast_matmuls(p.primary))}

@@ -119,7 +119,7 @@ def test_t1_b2_fp32_matmul_on_tensor_core_gpu_fires_tensor_cores_and_autocast_fi
 ):
     import torch
 
-    from gpumagic.profile.rules import autocast_matmuls, is_tensor_core_kernel
+    from gpumagic.profile.analysis.precision import autocast_matmuls, is_tensor_core_kernel
 
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("the fp32 -> TF32/bf16 advice is for Ampere and later")
@@ -167,7 +167,7 @@ r = ip.run_cell(
     "%%gpuprofile -q\\nimport torch\\nx = torch.zeros(4, device='cuda')\\n"
     "y = x[torch.tensor([10], device='cuda')]\\ntorch.cuda.synchronize()\\n"
 )
-from gpumagic.profile.record import current
+from gpumagic.profile.record.recorder import current
 print(json.dumps({
     "error": type(r.error_in_exec).__name__,
     "message": str(r.error_in_exec)[:300],

@@ -81,7 +81,7 @@ def test_heavy_and_light_statements_in_a_loop(ip, run):
     assert lines.loc[6, "top_op"] in ("aten::mm", "aten::matmul")
     assert lines.loc[8, "top_op"] == ""  # plain Python: no operator
     # the rows tile the cell: they add up to the time the statements spanned
-    from gpumagic.profile.lines import line_attribution
+    from gpumagic.profile.analysis.lines import line_attribution
 
     spanned = line_attribution(ip.user_ns["_gpuprofile"].primary).profiled_us
     assert lines["host_us"].sum() == pytest.approx(spanned, rel=0.02)
@@ -191,7 +191,7 @@ def test_cell_behaviour_is_unchanged(ip, run):
     assert re.search(r"Cell In\[\d+\], line 5", out), out
     assert "----> 4     return 1 / 0" in out
     assert out.count("ZeroDivisionError: division by zero") == 1
-    assert "gpumagic/profile/probe.py" not in out
+    assert "gpumagic/profile/record/probe.py" not in out
 
 
 def test_no_attribution_leaves_the_cell_uninstrumented(ip, run, net):
@@ -301,7 +301,7 @@ def test_record_function_fallback_gives_the_same_ranges(ip):
 
     from gpumagic.cell import Statement
     from gpumagic.profile.load import load_trace
-    from gpumagic.profile.probe import CodeProbe
+    from gpumagic.profile.record.probe import CodeProbe
 
     stmts = [Statement(i, i + 2, i + 2, f"s{i}", "Expr", 0) for i in range(2)]
     model = torch.nn.Linear(8, 8)

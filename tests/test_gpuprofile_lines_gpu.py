@@ -95,7 +95,7 @@ def test_gpu_time_per_line(ip, run, profiled):
 
 
 def test_backward_kernels_from_autograds_thread_belong_to_the_backward_line(profiled):
-    from gpumagic.profile.lines import line_attribution
+    from gpumagic.profile.analysis.lines import line_attribution
 
     p = profiled
     a = p.primary

@@ -127,7 +127,7 @@ def test_exception_shows_partial_profile_stops_profiler_and_propagates_once(ip, 
     assert ip.user_ns["x"].shape == (32, 32)
     assert "aten::mm" in set(ip.user_ns["_gpuprofile"].ops["name"])
     assert not torch.autograd.profiler._is_profiler_enabled
-    from gpumagic.profile.record import current
+    from gpumagic.profile.record.recorder import current
 
     assert current() is None
     r = run("%%gpuprofile -q\ny = 1\n")  # the next profile starts fine

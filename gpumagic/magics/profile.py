@@ -146,8 +146,8 @@ class ProfileMagics(Magics):
             self._store(comparison, opts, kind="comparison")
             return None if opts.quiet else comparison
         if opts.load:
-            from gpumagic.profile.errors import TraceError
             from gpumagic.profile.load import load_trace
+            from gpumagic.profile.trace.errors import TraceError
 
             try:
                 result = load_trace(opts.load)
@@ -173,8 +173,8 @@ class ProfileMagics(Magics):
     def _profile(self, opts: Any, cell: str, line: str) -> Any:
         __tracebackhide__ = True
         from gpumagic.cell import execute, prepare
-        from gpumagic.profile.finish import Finished
-        from gpumagic.profile.record import Recorder, RecordOptions
+        from gpumagic.profile.record.finish import Finished
+        from gpumagic.profile.record.recorder import Recorder, RecordOptions
         from gpumagic.render.live import LiveView
 
         shell: Any = self.shell
@@ -218,7 +218,7 @@ class ProfileMagics(Magics):
 
     def _finish(self, recorder: Any, opts: Any, probe: Any) -> Any:
         """The core's ending of a profiled cell; the result kept under its names."""
-        from gpumagic.profile.finish import Finished, finish
+        from gpumagic.profile.record.finish import Finished, finish
 
         done = Finished()
         try:
@@ -264,13 +264,13 @@ class ProfileMagics(Magics):
 
 
 def _reason(exc: BaseException) -> str:
-    from gpumagic.profile.finish import reason
+    from gpumagic.profile.record.finish import reason
 
     return reason(exc)
 
 
 def _probe(prepared: Any, namespace: Any) -> Any:
-    from gpumagic.profile.probe import CodeProbe
+    from gpumagic.profile.record.probe import CodeProbe
 
     return CodeProbe(prepared.statements, namespace)
 

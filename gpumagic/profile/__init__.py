@@ -1,49 +1,37 @@
-"""``%%gpuprofile`` core: load profiler traces, analyse them, diagnose, compare.
+"""``%%gpuprofile`` core: record a cell, load any profiler trace, analyse, diagnose, compare.
 
-Pure analysis (no IPython, no printing). The public entry points:
+Pure analysis (no IPython, no printing), laid out by stage; each stage imports only the
+ones before it (``import-linter`` checks it, see ``pyproject.toml``):
 
-* :func:`gpumagic.profile.load.load_trace` - a trace file or a directory of ranks
-  -> :class:`gpumagic.profile.result.ProfileResult`
-* :func:`gpumagic.profile.load.from_profiler` - a finished ``torch.profiler.profile``
-* :func:`gpumagic.profile.compare.compare` - two results -> a side-by-side comparison
-  (``gpumagic.compare``; here ``gpumagic.profile.compare`` is that module)
-* :class:`gpumagic.profile.live.LiveState` / :func:`~gpumagic.profile.live.capture_live_state`
-  - session facts that sharpen the diagnosis
+* :mod:`~gpumagic.profile.trace` - the data model of a decoded trace, the decoder, the
+  cell's statement and module spans, the session facts;
+* :mod:`~gpumagic.profile.analysis` - steps, the step-time breakdown, GPU idle,
+  communication, time per line and per module, locating evidence in the code;
+* :mod:`~gpumagic.profile.rules` - the diagnosis: one module per family of findings;
+* :mod:`~gpumagic.profile.result`, :mod:`~gpumagic.profile.load`,
+  :mod:`~gpumagic.profile.compare` - what a user holds, and how it is made;
+* :mod:`~gpumagic.profile.record` - recording a cell under ``torch.profiler`` and
+  finishing the run (it hands the trace to ``load``, so it sits on top).
 
-Importing this package loads nothing heavy; numpy, pandas and msgspec come with the
-submodules.
+The public entry points are the names below. Importing this package loads nothing heavy.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
-from gpumagic.profile.errors import TraceError
+from gpumagic._lazy import lazy_exports
+from gpumagic.profile.trace.errors import TraceError
 
 _LAZY = {
     "load_trace": ("gpumagic.profile.load", "load_trace"),
     "from_profiler": ("gpumagic.profile.load", "from_profiler"),
     "ProfileResult": ("gpumagic.profile.result", "ProfileResult"),
     "Comparison": ("gpumagic.profile.compare", "Comparison"),
-    "Finding": ("gpumagic.profile.rules", "Finding"),
-    "LiveState": ("gpumagic.profile.live", "LiveState"),
-    "capture_live_state": ("gpumagic.profile.live", "capture_live_state"),
-    "CATEGORIES": ("gpumagic.profile.breakdown", "CATEGORIES"),
+    "Finding": ("gpumagic.profile.rules.base", "Finding"),
+    "LiveState": ("gpumagic.profile.trace.session", "LiveState"),
+    "capture_live_state": ("gpumagic.profile.record.session", "capture_live_state"),
+    "CATEGORIES": ("gpumagic.profile.analysis.breakdown", "CATEGORIES"),
 }
 
 __all__ = ["TraceError", *_LAZY]
 
-
-def __getattr__(name: str) -> Any:
-    try:
-        module, attr = _LAZY[name]
-    except KeyError:
-        raise AttributeError(f"module 'gpumagic.profile' has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(module), attr)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())

@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from gpumagic.profile.errors import TraceError
+from gpumagic.profile.trace.errors import TraceError
 
 
 def build_parser() -> argparse.ArgumentParser:

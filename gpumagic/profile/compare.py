@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gpumagic.profile.breakdown import CATEGORIES
+from gpumagic.profile.analysis.breakdown import CATEGORIES
 from gpumagic.profile.load import load_trace
 from gpumagic.profile.result import ProfileResult
 from gpumagic.render.html import Rendered
@@ -184,12 +184,12 @@ class Comparison(Rendered):
         return ", ".join(parts) if parts else "no change"
 
     def _text(self) -> str:
-        from gpumagic.render.profile import comparison_text
+        from gpumagic.render.compare import comparison_text
 
         return comparison_text(self)
 
     def _html(self) -> str:
-        from gpumagic.render.profile import comparison_html
+        from gpumagic.render.compare import comparison_html
 
         return comparison_html(self)
 

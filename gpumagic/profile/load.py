@@ -7,29 +7,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gpumagic.profile.analysis import Analysis
-from gpumagic.profile.errors import TraceError
-from gpumagic.profile.events import Trace, decode_trace, read_trace_bytes
-from gpumagic.profile.live import LiveState
+from gpumagic.profile.analysis.trace_analysis import Analysis
 from gpumagic.profile.result import ProfileResult
-from gpumagic.profile.spans import CodeLabels
+from gpumagic.profile.trace.decode import read_trace, trace_files
+from gpumagic.profile.trace.errors import TraceError
+from gpumagic.profile.trace.model import Trace
+from gpumagic.profile.trace.session import LiveState
+from gpumagic.profile.trace.spans import CodeLabels
 
-# tensorboard_trace_handler writes "<worker>.<timestamp>.pt.trace.json[.gz]"; plain
-# export_chrome_trace files are "*.json" or "*.json.gz".
-_TRACE_SUFFIXES = (".json", ".json.gz")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
-
-
-def trace_files(directory: Path) -> list[Path]:
-    """The trace files of a directory of per-rank traces, in a stable order."""
-    files = [p for p in directory.iterdir() if p.is_file() and p.name.endswith(_TRACE_SUFFIXES)]
-    return sorted(files, key=lambda p: p.name)
-
-
-def read_trace(path: str | Path) -> Trace:
-    """Decode one trace file into columns (no analysis yet)."""
-    p = Path(path)
-    return decode_trace(read_trace_bytes(p), str(p))
 
 
 def load_trace(

@@ -15,10 +15,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpumagic.profile.analysis import Analysis, IdleReport
-from gpumagic.profile.breakdown import CATEGORIES
-from gpumagic.profile.live import LiveState
-from gpumagic.profile.rules import Finding, diagnose
+from gpumagic.profile.analysis.breakdown import CATEGORIES
+from gpumagic.profile.analysis.trace_analysis import Analysis, IdleReport
+from gpumagic.profile.rules.base import Finding
+from gpumagic.profile.rules.registry import diagnose
+from gpumagic.profile.trace.session import LiveState
 from gpumagic.render.html import Rendered
 
 if TYPE_CHECKING:
@@ -206,7 +207,7 @@ class ProfileResult(Rendered):
     @cached_property
     def collectives(self) -> pd.DataFrame:
         """Collectives per rank: calls, device/host time, message bytes, group size,
-        algorithm and bus bandwidth as nccl-tests defines them (see :mod:`gpumagic.profile.comms`)."""
+        algorithm and bus bandwidth as nccl-tests defines them (see :mod:`gpumagic.profile.analysis.comms`)."""
         import pandas as pd
 
         frames = [
@@ -231,7 +232,7 @@ class ProfileResult(Rendered):
     @cached_property
     def _collective_waits(self) -> list[float | None]:
         """Per rank (in analysis order), µs per step waiting in collectives for the others."""
-        from gpumagic.profile.comms import collective_waits
+        from gpumagic.profile.analysis.comms import collective_waits
 
         return collective_waits(self._analyses)
 
@@ -261,14 +262,14 @@ class ProfileResult(Rendered):
         (its own, without nested rows: the rows add up to the cell), device_us (GPU work it
         launched, whatever thread launched it), device_percent, top_op, top_kernel. Empty
         for a trace recorded outside ``%%gpuprofile`` (see :attr:`lines_note`)."""
-        from gpumagic.profile.lines import line_attribution
+        from gpumagic.profile.analysis.lines import line_attribution
 
         return line_attribution(self.primary).frame()
 
     @property
     def lines_note(self) -> str:
         """Why :attr:`lines` is empty ("" when it is not)."""
-        from gpumagic.profile.lines import NO_LINES_NOTE
+        from gpumagic.profile.analysis.lines import NO_LINES_NOTE
 
         return "" if len(self.primary.trace.code.statements) else NO_LINES_NOTE
 
@@ -278,7 +279,7 @@ class ProfileResult(Rendered):
         namespace, ``model.layer1.0.conv1``), type, calls, depth, forward and backward host
         and device µs (inclusive of its children), parent. From ``%%gpuprofile``'s module
         hooks, or from a ``with_stack=True`` trace's ``nn.Module`` frames; empty otherwise."""
-        from gpumagic.profile.modules import module_attribution
+        from gpumagic.profile.analysis.modules import module_attribution
 
         return module_attribution(self.primary).frame()
 

@@ -16,8 +16,6 @@ from gpumagic.render.comms import communication_html, communication_text
 from gpumagic.render.comms import headline_items as comms_headline_items
 from gpumagic.render.html import escape, kv, table, text_table, wrap
 from gpumagic.render.profile_code import (
-    comparison_lines_html,
-    comparison_lines_text,
     lines_html,
     lines_text,
     modules_html,
@@ -30,9 +28,8 @@ from gpumagic.units import fmt_bytes, fmt_count, fmt_percent, fmt_us
 if TYPE_CHECKING:
     import pandas as pd
 
-    from gpumagic.profile.compare import Comparison
     from gpumagic.profile.result import ProfileResult
-    from gpumagic.profile.rules import Finding
+    from gpumagic.profile.rules.base import Finding
 
 CATEGORY_COLORS = {
     "Kernel": "#3b7dd8",
@@ -409,7 +406,7 @@ def timeline_svg(r: ProfileResult, width: int = 640) -> str:
 
 def _busy_per_pixel(a: Any, lo: float, hi: float, pixels: int) -> np.ndarray:
     """Fraction of each pixel's time in which some GPU event ran."""
-    from gpumagic.profile import intervals
+    from gpumagic.profile.analysis import intervals
 
     gpu = a.trace.gpu
     if hi <= lo:
@@ -607,146 +604,3 @@ def report_document(r: ProfileResult, rows: int = 50) -> str:
         f"<title>gpumagic profile: {escape(r.name)}</title></head><body>"
         f"{profile_html(r, rows=rows)}</body></html>\n"
     )
-
-
-# --- comparison --------------------------------------------------------------------------
-
-
-def _metric_cell(metric: str, value: float) -> str:
-    if np.isnan(value):
-        return "–"
-    if metric.endswith("_us") or metric.endswith("_us_per_step"):
-        return fmt_us(value)
-    if metric.endswith("percent"):
-        return fmt_percent(value)
-    return fmt_count(value)
-
-
-def _delta_cell(metric: str, delta: float, pct: float) -> str:
-    if np.isnan(delta):
-        return "–"
-    if metric.endswith("percent"):
-        return f"{delta:+.1f} pp"
-    base = (
-        fmt_us(delta, signed=True)
-        if metric.endswith("_us") or metric.endswith("_per_step")
-        else f"{delta:+g}"
-    )
-    return base + (f" ({fmt_percent(pct, signed=True)})" if not np.isnan(pct) else "")
-
-
-_METRIC_LABELS = {
-    "step_time_us": "step time",
-    "gpu_utilization_percent": "GPU utilisation",
-    "gpu_idle_us_per_step": "GPU idle per step",
-    "sm_efficiency_percent": "est. SM efficiency",
-    "achieved_occupancy_percent": "achieved occupancy",
-    "steps": "steps",
-    "communication_percent": "communication (not hidden)",
-    "communication_overlap_percent": "communication overlap",
-}
-
-
-def _comparison_rows(c: Comparison) -> list[list[str]]:
-    rows = []
-    for metric, row in c.table.iterrows():
-        m = str(metric)
-        rows.append(
-            [
-                _METRIC_LABELS.get(m, m),
-                _metric_cell(m, row.a),
-                _metric_cell(m, row.b),
-                _delta_cell(m, row.delta, row.delta_percent),
-            ]
-        )
-    return rows
-
-
-def comparison_text(c: Comparison) -> str:
-    a, b = c.names
-    lines = [f"compare: {a} -> {b}", f"  {c.headline}", ""]
-    lines.append(text_table(["metric", a, b, "change"], _comparison_rows(c), left=[0]))
-    lines.append("")
-    lines.append(
-        text_table(
-            ["category", a, b, "change"],
-            [
-                [
-                    str(cat),
-                    f"{fmt_us(r.a_us)} ({fmt_percent(r.a_percent)})",
-                    f"{fmt_us(r.b_us)} ({fmt_percent(r.b_percent)})",
-                    f"{r.delta_pp:+.1f} pp",
-                ]
-                for cat, r in c.breakdown.iterrows()
-            ],
-            left=[0],
-        )
-    )
-    if not c.findings.empty:
-        lines.append("")
-        lines.append(
-            text_table(
-                ["finding", a, b, "status"],
-                [
-                    [f.rule, _saving(f.a_saving_us), _saving(f.b_saving_us), f.status]
-                    for f in c.findings.itertuples()
-                ],
-                left=[0, 3],
-            )
-        )
-    lines += comparison_lines_text(c)
-    return "\n".join(lines)
-
-
-def _saving(value: float | None) -> str:
-    if value is None or (isinstance(value, float) and np.isnan(value)):
-        return "–"
-    return f"~{fmt_us(value)}/step"
-
-
-def comparison_html(c: Comparison) -> str:
-    a, b = c.names
-    parts = [
-        f"<h4>compare <span class='gm-sub'>{escape(a)} → {escape(b)}</span></h4>",
-        f"<div class='gm-box gm-info'><b>{escape(c.headline)}</b></div>",
-        table(
-            ["metric", a, b, "change"],
-            [[escape(x) for x in row] for row in _comparison_rows(c)],
-            left=[0],
-        ),
-        f"<div class='gm-note'>{escape(a)}</div>",
-        stacked_bar(c.a.summary["breakdown_percent"]),
-        f"<div class='gm-note'>{escape(b)}</div>",
-        stacked_bar(c.b.summary["breakdown_percent"]),
-        table(
-            ["category", a, b, "change"],
-            [
-                [
-                    f'<span style="color:{CATEGORY_COLORS[str(cat)]}">■</span> {escape(cat)}',
-                    escape(f"{fmt_us(r.a_us)} ({fmt_percent(r.a_percent)})"),
-                    escape(f"{fmt_us(r.b_us)} ({fmt_percent(r.b_percent)})"),
-                    escape(f"{r.delta_pp:+.1f} pp"),
-                ]
-                for cat, r in c.breakdown.iterrows()
-            ],
-            left=[0],
-        ),
-    ]
-    if not c.findings.empty:
-        parts.append(
-            table(
-                ["finding", a, b, "status"],
-                [
-                    [
-                        escape(f.rule),
-                        escape(_saving(f.a_saving_us)),
-                        escape(_saving(f.b_saving_us)),
-                        escape(f.status),
-                    ]
-                    for f in c.findings.itertuples()
-                ],
-                left=[0, 3],
-            )
-        )
-    parts.append(comparison_lines_html(c))
-    return wrap("profile-compare", "".join(parts))

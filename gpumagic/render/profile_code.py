@@ -1,10 +1,10 @@
 """The parts of a ``%%gpuprofile`` report that speak the user's code: time per line of the
 cell, per ``nn.Module`` (a collapsible tree in HTML, the top modules in text), where each
-finding points, and the per-line change between two runs of one cell."""
+finding points."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -14,9 +14,8 @@ from gpumagic.units import fmt_count, fmt_percent, fmt_us
 if TYPE_CHECKING:
     import pandas as pd
 
-    from gpumagic.profile.compare import Comparison
     from gpumagic.profile.result import ProfileResult
-    from gpumagic.profile.rules import Finding
+    from gpumagic.profile.rules.base import Finding
 
 HOST_COLOR = "#5cb85c"
 DEVICE_COLOR = "#3b7dd8"
@@ -24,11 +23,11 @@ _OP_CHARS = 40
 MAX_TREE_NODES = 400  # past this the module tree is cut (a model of thousands of modules)
 
 
-def _short(name: str, n: int) -> str:
+def shorten(name: str, n: int) -> str:
     return name if len(name) <= n else name[: n - 1] + "…"
 
 
-def _first_line(source: str) -> str:
+def first_line(source: str) -> str:
     first = source.splitlines()[0] if source else ""
     return first + (" …" if "\n" in source else "")
 
@@ -37,7 +36,7 @@ def where_text(f: Finding) -> str:
     """``line 4 · `x = x.cuda()` · module model.fc`` ("" when the finding names no place)."""
     parts = []
     if f.line is not None:
-        parts.append(f"line {f.line} · `{_first_line(f.source)}`" if f.source else f"line {f.line}")
+        parts.append(f"line {f.line} · `{first_line(f.source)}`" if f.source else f"line {f.line}")
     if f.module:
         parts.append(f"module {f.module}")
     return " · ".join(parts)
@@ -46,7 +45,7 @@ def where_text(f: Finding) -> str:
 def where_html(f: Finding) -> str:
     parts = []
     if f.line is not None:
-        code = f" · <code>{escape(_first_line(f.source))}</code>" if f.source else ""
+        code = f" · <code>{escape(first_line(f.source))}</code>" if f.source else ""
         parts.append(f"<b>line {f.line}</b>{code}")
     if f.module:
         parts.append(f"module <code>{escape(f.module)}</code>")
@@ -63,7 +62,7 @@ def _has_gpu(r: ProfileResult) -> bool:
 
 
 def _lines_title(r: ProfileResult, lines: pd.DataFrame) -> str:
-    from gpumagic.profile.lines import line_attribution
+    from gpumagic.profile.analysis.lines import line_attribution
 
     total = float(lines["host_us"].sum())
     span = line_attribution(r.primary).profiled_us
@@ -83,8 +82,8 @@ def lines_text(r: ProfileResult) -> list[str]:
     for x in lines.itertuples():
         row = [str(x.line), fmt_count(x.hits), fmt_us(x.host_us), fmt_percent(x.host_percent)]
         if gpu:
-            row += [fmt_us(x.device_us), fmt_percent(x.device_percent), _short(x.top_kernel, 30)]
-        row += [_short(x.top_op, 30), _short("  " * int(x.depth) + _first_line(x.source), 70)]
+            row += [fmt_us(x.device_us), fmt_percent(x.device_percent), shorten(x.top_kernel, 30)]
+        row += [shorten(x.top_op, 30), shorten("  " * int(x.depth) + first_line(x.source), 70)]
         body.append(row)
     left = [i for i, h in enumerate(headers) if h in ("top kernel", "top op", "source")]
     return [
@@ -111,7 +110,7 @@ def lines_html(r: ProfileResult) -> str:
     headers += ["top operator"]
     rows, keys, titles, classes = [], [], [], []
     for i, x in enumerate(lines.itertuples()):
-        src = escape("    " * int(x.depth) + _first_line(x.source))
+        src = escape("    " * int(x.depth) + first_line(x.source))
         cells = [
             str(x.line),
             src,
@@ -123,10 +122,10 @@ def lines_html(r: ProfileResult) -> str:
             cells += [
                 f"{fmt_us(x.device_us)} {bar(x.device_us / dev_max, DEVICE_COLOR, 60)}",
                 fmt_percent(x.device_percent),
-                escape(_short(x.top_kernel, _OP_CHARS)),
+                escape(shorten(x.top_kernel, _OP_CHARS)),
             ]
             key += [x.device_us, x.device_percent, x.top_kernel]
-        cells.append(escape(_short(x.top_op, _OP_CHARS)))
+        cells.append(escape(shorten(x.top_op, _OP_CHARS)))
         key.append(x.top_op)
         rows.append(cells)
         keys.append(key)
@@ -142,7 +141,7 @@ def lines_html(r: ProfileResult) -> str:
 
 
 def _module_note(r: ProfileResult) -> str:
-    from gpumagic.profile.modules import ORIGIN_NOTES, module_attribution
+    from gpumagic.profile.analysis.modules import ORIGIN_NOTES, module_attribution
 
     return ORIGIN_NOTES.get(module_attribution(r.primary).origin, "")
 
@@ -164,8 +163,8 @@ def modules_text(r: ProfileResult, rows: int) -> list[str]:
     body = []
     for x in top.head(rows).itertuples():
         row = [
-            _short(str(x.module), 50),
-            _short(str(x.type), 20),
+            shorten(str(x.module), 50),
+            shorten(str(x.type), 20),
             fmt_count(x.calls),
             fmt_us(x.forward_host_us),
             fmt_us(x.backward_host_us),
@@ -235,73 +234,3 @@ def modules_html(r: ProfileResult) -> str:
 
 
 # --- comparison --------------------------------------------------------------------------
-
-
-def _paired(c: Comparison) -> tuple[pd.DataFrame, bool] | None:
-    """The per-line rows to show (None: the runs share no line), and whether GPU time shows."""
-    lines = c.lines
-    if lines.empty or not (lines["a_host_us"].notna() & lines["b_host_us"].notna()).any():
-        return None
-    gpu = bool((lines[["a_device_us", "b_device_us"]].fillna(0) > 0).to_numpy().any())
-    return lines, gpu
-
-
-def _line_cell(x: Any) -> str:
-    a, b = x.a_line, x.b_line
-    if a != a:  # NaN: only the later run has it
-        return f"{int(b)} (new)"
-    if b != b:
-        return f"{int(a)} (gone)"
-    return str(int(b)) if a == b else f"{int(b)} (was {int(a)})"
-
-
-def comparison_lines_text(c: Comparison) -> list[str]:
-    got = _paired(c)
-    if got is None:
-        return []
-    lines, gpu = got
-    a, b = c.names
-    headers = ["line", "host", "change"] + (["device", "change"] if gpu else []) + ["source"]
-    body = []
-    for x in lines.itertuples():
-        row = [_line_cell(x), f"{fmt_us(x.a_host_us)} -> {fmt_us(x.b_host_us)}"]
-        row.append(fmt_us(x.delta_host_us, signed=True))
-        if gpu:
-            row += [
-                f"{fmt_us(x.a_device_us)} -> {fmt_us(x.b_device_us)}",
-                fmt_us(x.delta_device_us, signed=True),
-            ]
-        row.append(_short(_first_line(str(x.source)), 60))
-        body.append(row)
-    return [
-        "",
-        f"Per line, {a} -> {b} (lines paired by their source)",
-        text_table(headers, body, left=[len(headers) - 1]),
-    ]
-
-
-def comparison_lines_html(c: Comparison) -> str:
-    got = _paired(c)
-    if got is None:
-        return ""
-    lines, gpu = got
-    a, b = c.names
-    headers = ["line", "statement", "host", "change"] + (["GPU", "change"] if gpu else [])
-    body = []
-    for x in lines.itertuples():
-        row = [
-            escape(_line_cell(x)),
-            escape(_first_line(str(x.source))),
-            escape(f"{fmt_us(x.a_host_us)} → {fmt_us(x.b_host_us)}"),
-            escape(fmt_us(x.delta_host_us, signed=True)),
-        ]
-        if gpu:
-            row += [
-                escape(f"{fmt_us(x.a_device_us)} → {fmt_us(x.b_device_us)}"),
-                escape(fmt_us(x.delta_device_us, signed=True)),
-            ]
-        body.append(row)
-    return (
-        f"<h4>Per line <span class='gm-sub'>{escape(a)} → {escape(b)}, lines paired by "
-        "their source</span></h4>" + table(headers, body, code=[1])
-    )

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 from profile_helpers import TraceBuilder
 
-from gpumagic.profile.live import LiveState
+from gpumagic.profile.analysis.precision import autocast_matmuls, is_tensor_core_kernel
 from gpumagic.profile.load import load_trace
-from gpumagic.profile.rules import autocast_matmuls, diagnose, is_tensor_core_kernel
+from gpumagic.profile.rules.registry import diagnose
+from gpumagic.profile.trace.session import LiveState
 
 FFMA = (
     "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8_stage3_warpsize2x2x1_ffma_"
@@ -249,7 +250,7 @@ def _host_only_trace(tmp_path, runtime: list[str]):
 
 @pytest.fixture
 def cuda_recorder():
-    from gpumagic.profile.record import Recorder, RecordOptions
+    from gpumagic.profile.record.recorder import Recorder, RecordOptions
 
     rec = Recorder(RecordOptions())
     rec.cuda = True  # CUDA activity was asked of the profiler

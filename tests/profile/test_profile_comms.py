@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 from profile_helpers import ALL_TRACES, TraceBuilder, trace_path
 
-from gpumagic.profile import comms
-from gpumagic.profile.live import DdpState, LiveState
+from gpumagic.profile.analysis import comms
 from gpumagic.profile.load import load_trace
-from gpumagic.profile.rules import diagnose
+from gpumagic.profile.rules.registry import diagnose
+from gpumagic.profile.trace.session import DdpState, LiveState
 
 # HTA 0.5.0 get_comm_comp_overlap, comp_comm_overlap_pctg
 HTA_OVERLAP = {

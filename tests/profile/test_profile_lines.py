@@ -17,7 +17,7 @@ import pytest
 from profile_helpers import ALL_TRACES, TraceBuilder, trace_path
 
 from gpumagic.profile.load import load_trace
-from gpumagic.profile.spans import CodeLabels, ModuleLabel, StatementLabel, copy_with_labels
+from gpumagic.profile.trace.spans import CodeLabels, ModuleLabel, StatementLabel, copy_with_labels
 
 LABELS = CodeLabels(
     [
@@ -204,7 +204,7 @@ def test_traces_from_elsewhere_have_no_lines_and_say_why(name, load):
 
 
 def test_argmax_per_group_picks_the_heaviest_item():
-    from gpumagic.profile.lines import argmax_per_group
+    from gpumagic.profile.analysis.lines import argmax_per_group
 
     group = np.array([0, 0, 0, 2, 2])
     item = np.array([5, 1, 5, 3, 4])

@@ -11,7 +11,7 @@ import pytest
 from profile_helpers import ALL_TRACES, TraceBuilder, trace_path
 
 from gpumagic.profile import TraceError
-from gpumagic.profile.breakdown import CATEGORIES
+from gpumagic.profile.analysis.breakdown import CATEGORIES
 from gpumagic.profile.load import load_trace
 
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpumagic.profile.breakdown import CATEGORIES
+from gpumagic.profile.analysis.breakdown import CATEGORIES
 
 PLUGIN_ROLES = (
     "Kernel",

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 from profile_helpers import TraceBuilder
 
-from gpumagic.profile.live import LiveState, LoaderState, OptimizerState
 from gpumagic.profile.load import load_trace
-from gpumagic.profile.rules import SEVERITIES, diagnose
+from gpumagic.profile.rules.base import SEVERITIES
+from gpumagic.profile.rules.registry import diagnose
+from gpumagic.profile.trace.session import LiveState, LoaderState, OptimizerState
 
 
 def rules(result) -> dict:
@@ -211,7 +212,7 @@ def test_memory_peak_from_byte_deltas_only(load):
 
 def test_capture_live_state_from_a_real_namespace():
     torch = pytest.importorskip("torch")
-    from gpumagic.profile.live import capture_live_state
+    from gpumagic.profile.record.session import capture_live_state
 
     data = torch.utils.data.TensorDataset(torch.zeros(8, 2))
     model = torch.nn.Linear(2, 2)

@@ -8,7 +8,7 @@ runtime overlapped it. This is the PyTorch Profiler TensorBoard plugin's "step t
 breakdown", computed here in one sweep over the elementary segments between all interval
 boundaries instead of a chain of interval subtractions.
 
-Communication (issue 11) is the plugin's role too, found as :mod:`gpumagic.profile.comms`
+Communication (issue 11) is the plugin's role too, found as :mod:`gpumagic.profile.analysis.comms`
 says: NCCL/RCCL kernels by name (not in Kernel: a collective's time counts where no compute
 kernel, copy or set runs), and on a CPU backend its collective spans.
 """
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpumagic.profile import intervals
-from gpumagic.profile.events import KERNEL, MEMCPY, MEMSET, Trace
-from gpumagic.profile.steps import Steps
+from gpumagic.profile.analysis import intervals
+from gpumagic.profile.analysis.steps import Steps
+from gpumagic.profile.trace.model import KERNEL, MEMCPY, MEMSET, Trace
 
 CATEGORIES = (
     "Kernel",

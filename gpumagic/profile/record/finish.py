@@ -13,14 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpumagic.profile import live, load
-from gpumagic.profile.record import RecordError
+from gpumagic.profile import load
+from gpumagic.profile.record import session as live
+from gpumagic.profile.record.recorder import RecordError
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from gpumagic.profile.probe import CodeProbe
-    from gpumagic.profile.record import Recorder
+    from gpumagic.profile.record.probe import CodeProbe
+    from gpumagic.profile.record.recorder import Recorder
     from gpumagic.profile.result import ProfileResult
 
 

@@ -1,7 +1,7 @@
 """One rank's analysis: steps, breakdown, idle time, operator and kernel tables.
 
 Each piece is computed on first use and cached, from the columns in
-:class:`gpumagic.profile.events.Trace`. Nothing here prints or displays; the result
+:class:`gpumagic.profile.trace.model.Trace`. Nothing here prints or displays; the result
 object (:mod:`gpumagic.profile.result`) turns these into DataFrames and reports.
 """
 
@@ -16,8 +16,8 @@ from typing import TypeVar
 import numpy as np
 import pandas as pd
 
-from gpumagic.profile import intervals, tree
-from gpumagic.profile.breakdown import (
+from gpumagic.profile.analysis import intervals, tree
+from gpumagic.profile.analysis.breakdown import (
     CATEGORIES,
     Breakdown,
     DeviceMetrics,
@@ -25,10 +25,21 @@ from gpumagic.profile.breakdown import (
     device_metrics,
     step_breakdown,
 )
-from gpumagic.profile.comms import Communication
-from gpumagic.profile.events import KERNEL, MEMCPY, MEMSET, Trace
-from gpumagic.profile.idle import IDLE_CATEGORIES, Gaps, device_gaps, ops_during, stream_idle
-from gpumagic.profile.steps import Steps, find_steps, is_dataloader, is_profiler_step
+from gpumagic.profile.analysis.comms import Communication
+from gpumagic.profile.analysis.idle import (
+    IDLE_CATEGORIES,
+    Gaps,
+    device_gaps,
+    ops_during,
+    stream_idle,
+)
+from gpumagic.profile.analysis.steps import (
+    Steps,
+    find_steps,
+    is_dataloader,
+    is_profiler_step,
+)
+from gpumagic.profile.trace.model import KERNEL, MEMCPY, MEMSET, Trace
 
 OPS_COLUMNS = [
     "name",

@@ -4,8 +4,8 @@ A rule names the trace events its evidence rests on (:class:`EvidenceRows`: host
 operators, runtime calls, GPU events, each with a weight such as its duration), and the
 finding points at the statement that holds most of that weight: the statement whose range
 contains a host event's or runtime call's start, or the launch of a GPU event (see
-:mod:`gpumagic.profile.lines`). Where asked, GPU evidence also names the innermost module
-holding most of it (see :mod:`gpumagic.profile.modules`).
+:mod:`gpumagic.profile.analysis.lines`). Where asked, GPU evidence also names the innermost module
+holding most of it (see :mod:`gpumagic.profile.analysis.modules`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpumagic.profile.analysis import Analysis
-from gpumagic.profile.lines import line_attribution
-from gpumagic.profile.modules import module_attribution
+from gpumagic.profile.analysis.lines import line_attribution
+from gpumagic.profile.analysis.modules import module_attribution
+from gpumagic.profile.analysis.trace_analysis import Analysis
 
 
 def _none() -> np.ndarray:

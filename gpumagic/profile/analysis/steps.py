@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpumagic.profile.events import Trace
+from gpumagic.profile.trace.model import Trace
 
 PROFILER_STEP = re.compile(r"^ProfilerStep\s*#\s*(\d+)")
 # torch.utils.data wraps every fetch in record_function("enumerate(DataLoader)#<Iter>.__next__");
@@ -82,7 +82,7 @@ def find_steps(
     """Find the steps of ``trace``.
 
     ``launch_runtime[g]`` is the index of the runtime call that launched GPU event ``g``
-    (-1 when unknown), as :attr:`gpumagic.profile.analysis.Analysis.launch_runtime` has it.
+    (-1 when unknown), as :attr:`gpumagic.profile.analysis.trace_analysis.Analysis.launch_runtime` has it.
     ``use_marks=False`` ignores ``ProfilerStep#N`` spans. ``mark_limit=n`` keeps only
     ``ProfilerStep#N`` with ``N < n``: a profiled cell that called ``gpumagic.step()`` n
     times closed n steps, and the span the profiler opened after the last call is the

@@ -15,20 +15,37 @@ reuse the CUDA category names with ``hip*`` runtime calls.
 
 from __future__ import annotations
 
-import math
 import re
 import zlib
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from operator import attrgetter, itemgetter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import msgspec
 import numpy as np
 
-from gpumagic.profile.errors import TraceError
-from gpumagic.profile.spans import (
+from gpumagic.profile.trace.args import GpuArgs, MemoryArgs, RuntimeArgs, decode_args
+from gpumagic.profile.trace.errors import TraceError
+from gpumagic.profile.trace.model import (
+    HOST,
+    IGNORED,
+    KERNEL,
+    MEMCPY,
+    MEMSET,
+    PYTHON,
+    RUNTIME,
+    SYNC,
+    DeviceProperties,
+    GpuEvents,
+    HostEvents,
+    MemoryEvents,
+    Names,
+    RuntimeEvents,
+    SyncEvents,
+    Trace,
+)
+from gpumagic.profile.trace.spans import (
     MODULE,
     STATEMENT,
     TORCH_MODULE_PREFIX,
@@ -107,82 +124,6 @@ else:
     _FlowUnion = Union[_FLOW_TYPES]  # noqa: UP007
 
 
-S = TypeVar("S", bound=msgspec.Struct)
-
-
-class _GpuArgs(msgspec.Struct, gc=False):
-    # -1 / NaN stand for "not recorded" so the columns stay numeric (no object arrays).
-    correlation: int = -1
-    stream: int | str = -1
-    device: int = -1
-    blocks_per_sm: float = msgspec.field(default=math.nan, name="blocks per SM")
-    occupancy: float = msgspec.field(default=math.nan, name="est. achieved occupancy %")
-    nbytes: int = msgspec.field(default=-1, name="bytes")
-
-
-class _RuntimeArgs(msgspec.Struct, gc=False):
-    correlation: int = -1
-
-
-class _HostArgs(msgspec.Struct, gc=False):
-    input_dims: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw, name="Input Dims")
-    input_dims_old: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw, name="Input dims")
-    input_type: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw, name="Input type")
-
-
-class _SequenceArgs(msgspec.Struct, gc=False):
-    # the autograd link: a backward node's op shares "Sequence number" with the forward op
-    # that created it; "Fwd thread id" > 0 marks the backward side
-    sequence: int = msgspec.field(default=-1, name="Sequence number")
-    fwd_thread: int = msgspec.field(default=-1, name="Fwd thread id")
-
-
-class _MemoryArgs(msgspec.Struct, gc=False):
-    nbytes: int = msgspec.field(default=0, name="Bytes")
-    total_allocated: float = msgspec.field(default=math.nan, name="Total Allocated")
-    total_reserved: float = msgspec.field(default=math.nan, name="Total Reserved")
-    device_type: int = msgspec.field(default=-1, name="Device Type")
-    device_id: int = msgspec.field(default=-1, name="Device Id")
-
-
-def _decode_args(struct: type[S], raws: list[msgspec.Raw]) -> list[S]:
-    """Decode the ``args`` of one kind of event in a single call: ``[args, args, ...]``."""
-    if not raws:
-        return []
-    if not all(map(len, raws)):  # events without args become {}
-        raws = [r if len(r) else msgspec.Raw(b"{}") for r in raws]
-    payload = b"[" + b",".join(raws) + b"]"
-    try:
-        return _ARGS_DECODERS[struct].decode(payload)
-    except msgspec.ValidationError:
-        # Some writers put "N/A" or null where Kineto writes numbers: keep the events and
-        # drop only the values that do not fit (slow path, per event).
-        return [_lenient(struct, item) for item in msgspec.json.decode(payload)]
-
-
-def _lenient(struct: type[S], item: object) -> S:
-    if not isinstance(item, dict):
-        return struct()
-    kept = {}
-    for f in msgspec.structs.fields(struct):
-        if f.encode_name in item:
-            try:
-                msgspec.convert(item[f.encode_name], f.type)
-            except msgspec.ValidationError:
-                continue
-            kept[f.encode_name] = item[f.encode_name]
-    return msgspec.convert(kept, struct)
-
-
-_ARGS_DECODERS: dict[type, msgspec.json.Decoder[Any]] = {
-    _GpuArgs: msgspec.json.Decoder(list[_GpuArgs]),
-    _RuntimeArgs: msgspec.json.Decoder(list[_RuntimeArgs]),
-    _HostArgs: msgspec.json.Decoder(list[_HostArgs]),
-    _SequenceArgs: msgspec.json.Decoder(list[_SequenceArgs]),
-    _MemoryArgs: msgspec.json.Decoder(list[_MemoryArgs]),
-}
-
-
 class _Device(msgspec.Struct):
     id: int = 0
     name: str = ""
@@ -226,11 +167,6 @@ _TID = attrgetter("tid")
 _TS = attrgetter("ts")
 _DUR = attrgetter("dur")
 _ARGS = attrgetter("args")
-
-
-# Event kinds, by category (lower-cased: old traces capitalise, new ones do not).
-HOST, RUNTIME, KERNEL, MEMCPY, MEMSET, SYNC, IGNORED = range(7)
-PYTHON = 7  # with_stack=True: Python frames; only the nn.Module ones are kept (spans.py)
 _CATEGORY_KIND = {
     "cpu_op": HOST,
     "operator": HOST,
@@ -250,151 +186,7 @@ _CATEGORY_KIND = {
 }
 
 
-@dataclass
-class Names:
-    """Strings stored once: ``codes`` index into ``values``."""
 
-    codes: np.ndarray
-    values: list[str]
-
-    @classmethod
-    def of(cls, strings: list[str]) -> Names:
-        index: dict[str, int] = {}
-        add = index.setdefault
-        # a dict of the distinct names is faster here than pandas.factorize on objects
-        codes = np.fromiter([add(s, len(index)) for s in strings], np.int32, len(strings))
-        return cls(codes, list(index))
-
-    def __len__(self) -> int:
-        return len(self.codes)
-
-    def at(self, i: int) -> str:
-        return self.values[int(self.codes[i])]
-
-    def mask(self, predicate: Callable[[str], object]) -> np.ndarray:
-        """Boolean row mask of the rows whose name satisfies ``predicate``."""
-        hits = np.array([bool(predicate(v)) for v in self.values], dtype=np.bool_)
-        return hits[self.codes] if len(self.values) else np.zeros(len(self.codes), bool)
-
-
-@dataclass
-class HostEvents:
-    """CPU-side spans: operators, ``record_function`` annotations, ProfilerStep marks."""
-
-    name: Names
-    ts: np.ndarray
-    end: np.ndarray
-    thread: np.ndarray  # int64 code of (pid, tid)
-    args: list[msgspec.Raw]  # raw JSON per row, decoded on demand (shapes, dtypes)
-
-    def inputs(self, rows: np.ndarray) -> tuple[list[str], list[str]]:
-        """``Input Dims`` and ``Input type`` of ``rows`` as JSON text ("" when not recorded)."""
-        decoded = _decode_args(_HostArgs, [self.args[i] for i in rows.tolist()])
-        dims = [bytes(a.input_dims or a.input_dims_old).decode() for a in decoded]
-        types = [bytes(a.input_type).decode() for a in decoded]
-        return dims, types
-
-    def sequence(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per event, ``Sequence number`` and ``Fwd thread id`` (-1 when not recorded)."""
-        decoded = _decode_args(_SequenceArgs, self.args)
-        n = len(decoded)
-        # a writer may put an unsigned "no number" (2**64 - 1) here: not a link
-        return (
-            _ints((a.sequence if a.sequence < 2**62 else -1 for a in decoded), n),
-            _ints((a.fwd_thread if a.fwd_thread < 2**62 else -1 for a in decoded), n),
-        )
-
-
-@dataclass
-class RuntimeEvents:
-    """Host calls into the CUDA/HIP runtime or driver (launches, copies, syncs)."""
-
-    name: Names
-    ts: np.ndarray
-    end: np.ndarray
-    thread: np.ndarray
-    correlation: np.ndarray  # int64, -1 when absent
-
-
-@dataclass
-class GpuEvents:
-    """Work on the device: kernels, copies and sets, with their launch correlation."""
-
-    kind: np.ndarray  # int8: KERNEL, MEMCPY or MEMSET
-    name: Names
-    ts: np.ndarray
-    end: np.ndarray
-    device: np.ndarray
-    stream: np.ndarray
-    correlation: np.ndarray
-    blocks_per_sm: np.ndarray  # float, NaN when not reported
-    occupancy: np.ndarray  # est. achieved occupancy %, NaN when not reported
-    nbytes: np.ndarray
-
-
-@dataclass
-class SyncEvents:
-    """``cuda_sync`` events: the device side of stream/event/context synchronisations."""
-
-    name: Names
-    ts: np.ndarray
-    end: np.ndarray
-
-
-@dataclass
-class MemoryEvents:
-    """``[memory]`` instants from ``profile_memory=True``: one per allocation or free."""
-
-    ts: np.ndarray
-    device_type: np.ndarray  # 0 CPU, 1 CUDA (c10::DeviceType)
-    device_id: np.ndarray
-    nbytes: np.ndarray  # signed: negative for frees
-    total_allocated: np.ndarray  # NaN in traces that do not record it
-    total_reserved: np.ndarray
-
-
-@dataclass
-class Device:
-    """One GPU from the trace's ``deviceProperties``."""
-
-    id: int
-    name: str
-    memory_bytes: int
-    compute_capability: tuple[int, int] | None
-    sms: int
-
-
-@dataclass
-class Trace:
-    """One rank's trace, decoded into columns."""
-
-    source: str
-    rank: int | None
-    world_size: int | None
-    devices: list[Device]
-    host: HostEvents
-    runtime: RuntimeEvents
-    gpu: GpuEvents
-    syncs: SyncEvents
-    memory: MemoryEvents
-    start: float  # first event start, µs since the epoch the trace uses
-    end: float  # last event end
-    events: int  # duration events kept
-    notes: list[str] = field(default_factory=list)
-    backend: str | None = None  # distributedInfo.backend: "nccl", "gloo", ...
-    group_sizes: list[int] = field(default_factory=list)  # distributedInfo.pg_config sizes
-    # the cell's statement ranges and nn.Module spans, out of ``host`` (see spans.py)
-    code: CodeSpans = field(default_factory=CodeSpans.empty)
-
-    @property
-    def has_gpu(self) -> bool:
-        return len(self.gpu.ts) > 0
-
-    def device(self, device_id: int) -> Device | None:
-        for d in self.devices:
-            if d.id == device_id:
-                return d
-        return self.devices[0] if len(self.devices) == 1 else None
 
 
 # --- reading bytes -----------------------------------------------------------------------
@@ -467,6 +259,24 @@ def _decode(data: bytes, source: object) -> _TraceFile | list[_EventUnion]:
             else f"invalid JSON ({msg})"
         )
         raise TraceError(source, why) from None
+
+
+# tensorboard_trace_handler writes "<worker>.<timestamp>.pt.trace.json[.gz]"; plain
+# export_chrome_trace files are "*.json" or "*.json.gz".
+_TRACE_SUFFIXES = (".json", ".json.gz")
+
+
+def trace_files(directory: Path) -> list[Path]:
+    """The trace files of a directory of per-rank traces, in a stable order."""
+    files = [p for p in directory.iterdir() if p.is_file() and p.name.endswith(_TRACE_SUFFIXES)]
+    return sorted(files, key=lambda p: p.name)
+
+
+def read_trace(path: str | Path) -> Trace:
+    """Decode one trace file into columns (no analysis yet)."""
+    p = Path(path)
+    return decode_trace(read_trace_bytes(p), str(p))
+
 
 
 # --- columns -------------------------------------------------------------------------------
@@ -570,7 +380,7 @@ def decode_trace(data: bytes, source: str) -> Trace:
     for x in (code.statements, code.modules):
         np.minimum(x.end, end, out=x.end)
     devices = [
-        Device(
+        DeviceProperties(
             id=d.id,
             name=d.name,
             memory_bytes=d.totalGlobalMem,
@@ -630,7 +440,7 @@ def _host_events(sub: list[_Complete], thread: np.ndarray) -> HostEvents:
 def _code_spans(
     host: HostEvents, py_modules: list[_Complete], py_thread: np.ndarray, labels_raw: bytes
 ) -> tuple[HostEvents, CodeSpans]:
-    """Take the statement and module ranges out of ``host`` (see :mod:`gpumagic.profile.spans`);
+    """Take the statement and module ranges out of ``host`` (see :mod:`gpumagic.profile.trace.spans`);
     with no gpumagic module ranges, the ``nn.Module`` python_function spans are the modules."""
     kinds, keys, lines = classify(host.name.values)
     code = CodeSpans.empty()
@@ -668,7 +478,7 @@ def _host_subset(host: HostEvents, rows: np.ndarray) -> HostEvents:
 def _runtime_events(sub: list[_Complete], thread: np.ndarray) -> RuntimeEvents:
     n = len(sub)
     ts = _floats(map(_TS, sub), n)
-    args = _decode_args(_RuntimeArgs, list(map(_ARGS, sub)))
+    args = decode_args(RuntimeArgs, list(map(_ARGS, sub)))
     return RuntimeEvents(
         name=Names.of(list(map(_NAME, sub))),
         ts=ts,
@@ -680,7 +490,7 @@ def _runtime_events(sub: list[_Complete], thread: np.ndarray) -> RuntimeEvents:
 
 def _gpu_events(sub: list[_Complete], kinds: np.ndarray) -> GpuEvents:
     n = len(sub)
-    args = _decode_args(_GpuArgs, list(map(_ARGS, sub)))
+    args = decode_args(GpuArgs, list(map(_ARGS, sub)))
     ts = _floats(map(_TS, sub), n)
     streams = list(map(attrgetter("stream"), args))
     if set(map(type, streams)) <= {int}:
@@ -719,7 +529,7 @@ def _sync_events(sub: list[_Complete]) -> SyncEvents:
 
 def _memory_events(sub: list[_Instant]) -> MemoryEvents:
     n = len(sub)
-    args = _decode_args(_MemoryArgs, list(map(_ARGS, sub)))
+    args = decode_args(MemoryArgs, list(map(_ARGS, sub)))
     return MemoryEvents(
         ts=_floats(map(_TS, sub), n),
         device_type=_ints(map(attrgetter("device_type"), args), n),

@@ -42,16 +42,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 import numpy as np
 
-from gpumagic.profile import intervals
-from gpumagic.profile.events import KERNEL, MEMCPY, MEMSET, Trace
-from gpumagic.profile.steps import Steps
+from gpumagic.profile.analysis import intervals
+from gpumagic.profile.analysis.steps import Steps
+from gpumagic.profile.trace.model import KERNEL, MEMCPY, MEMSET, Trace
 
 if TYPE_CHECKING:
     import pandas as pd
 
 
 class AnalysisView(Protocol):
-    """What this module reads of :class:`gpumagic.profile.analysis.Analysis` (which builds
+    """What this module reads of :class:`gpumagic.profile.analysis.trace_analysis.Analysis` (which builds
     a :class:`Communication` for itself; a Protocol keeps the import one way)."""
 
     trace: Trace

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpumagic.profile import intervals
-from gpumagic.profile.events import Trace
+from gpumagic.profile.analysis import intervals
+from gpumagic.profile.trace.model import Trace
 
 KERNEL_WAIT_US = 30.0  # HTA's consecutive_kernel_delay default
 IDLE_CATEGORIES = ("host_wait", "kernel_wait", "other")

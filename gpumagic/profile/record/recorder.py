@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gpumagic.profile.events import Trace
+    from gpumagic.profile.trace.model import Trace
 
 _current: Recorder | None = None
 _lock = threading.Lock()
@@ -191,7 +191,7 @@ class Recorder:
     def save(self, destination: str | os.PathLike[str], labels: bytes | None = None) -> Path:
         """Copy the recorded trace to ``destination`` (gzip if it ends in .gz); open it in Perfetto.
 
-        ``labels`` (:meth:`gpumagic.profile.spans.CodeLabels.to_json`) go into the file, so
+        ``labels`` (:meth:`gpumagic.profile.trace.spans.CodeLabels.to_json`) go into the file, so
         that loading it again gives the per-line and per-module tables their sources and names.
         """
         if self._trace is None:
@@ -292,7 +292,7 @@ class Recorder:
 
 def _copy(src: Any, out: Any, labels: bytes | None) -> None:
     if labels:
-        from gpumagic.profile.spans import copy_with_labels
+        from gpumagic.profile.trace.spans import copy_with_labels
 
         copy_with_labels(src, out, labels)
     else:

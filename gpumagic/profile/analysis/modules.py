@@ -21,10 +21,10 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
-from gpumagic.profile import tree
-from gpumagic.profile.analysis import Analysis
-from gpumagic.profile.lines import empty_frame
-from gpumagic.profile.spans import CodeSpans, torch_module_type
+from gpumagic.profile.analysis import tree
+from gpumagic.profile.analysis.lines import empty_frame
+from gpumagic.profile.analysis.trace_analysis import Analysis
+from gpumagic.profile.trace.spans import CodeSpans, torch_module_type
 
 MODULE_COLUMNS = [
     "module",

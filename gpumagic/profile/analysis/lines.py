@@ -1,7 +1,7 @@
 """Time per line of a profiled cell: host time, GPU time, hit counts, top operator and kernel.
 
 Every statement of a ``%%gpuprofile`` cell ran inside a profiler range of its own (see
-:mod:`gpumagic.profile.probe`), and at most one was open at any instant, so the ranges
+:mod:`gpumagic.profile.record.probe`), and at most one was open at any instant, so the ranges
 tile the cell: a statement's ``host_us`` is the sum of its ranges and excludes the
 statements nested in it (a loop's body has rows of its own), and the rows add up to the
 cell's profiled time, less the probe's own few microseconds between ranges.
@@ -20,9 +20,9 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
-from gpumagic.profile.analysis import Analysis
-from gpumagic.profile.events import KERNEL
-from gpumagic.profile.spans import CodeSpans, StatementLabel
+from gpumagic.profile.analysis.trace_analysis import Analysis
+from gpumagic.profile.trace.model import KERNEL
+from gpumagic.profile.trace.spans import CodeSpans, StatementLabel
 
 LINE_COLUMNS = [
     "line",

@@ -7,7 +7,7 @@ The statement ranges come from the shared cell runner's probe (:mod:`gpumagic.ce
 ``i``'s, so at most one is open at any instant and the ranges add up to the cell. The
 module ranges come from global forward pre/post hooks, registered only while the cell
 runs. Both are named by keys only (``gpumagic.line#3 L4``, ``gpumagic.module#7``); what
-the keys stand for is :meth:`CodeProbe.labels` (see :mod:`gpumagic.profile.spans`).
+the keys stand for is :meth:`CodeProbe.labels` (see :mod:`gpumagic.profile.trace.spans`).
 
 The range API. Measured on torch 2.13 (CPU build, this repository's shared 2-core machine)
 while a profiler records, µs per enter/exit pair, over runs on a busy and a quiet machine
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpumagic.cell import Statement
-from gpumagic.profile.spans import (
+from gpumagic.profile.trace.spans import (
     CodeLabels,
     ModuleLabel,
     StatementLabel,

@@ -36,7 +36,7 @@ LABELS_KEY = "gpumagicCode"
 _STATEMENT = re.compile(r"^gpumagic\.line#(\d+) L(-?\d+)$")
 _MODULE = re.compile(r"^gpumagic\.module#(\d+)$")
 
-# what a host event name is, for the split in gpumagic.profile.events
+# what a host event name is, for the split in gpumagic.profile.trace.decode
 OTHER, STATEMENT, MODULE = 0, 1, 2
 
 

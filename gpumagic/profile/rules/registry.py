@@ -1,0 +1,66 @@
+"""Every rule, in the order they run, and :func:`diagnose`, which runs them and ranks
+what they find."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gpumagic.profile.analysis.trace_analysis import Analysis
+from gpumagic.profile.analysis.where import locate
+from gpumagic.profile.rules import (
+    communication,
+    input_pipeline,
+    kernels_memory,
+    optimizer,
+    precision,
+    sync_launch,
+)
+from gpumagic.profile.rules.base import SEVERITIES, Context, Finding, severity
+from gpumagic.profile.trace.session import LiveState
+
+RULES: dict[str, Callable[[Context], Finding | None]] = {
+    "dataloader": input_pipeline.dataloader,
+    "pageable_memcpy": input_pipeline.pageable_memcpy,
+    "sync": sync_launch.sync,
+    "launch_bound": sync_launch.launch_bound,
+    "tensor_cores": precision.tensor_cores,
+    "low_utilization": kernels_memory.low_utilization,
+    "small_grid": kernels_memory.small_grid,
+    "memory_ceiling": kernels_memory.memory_ceiling,
+    "optimizer": optimizer.optimizer,
+    "zero_grad": optimizer.zero_grad,
+    "cudnn_benchmark": kernels_memory.cudnn_benchmark,
+    "communication": communication.communication,
+    "dataparallel": communication.dataparallel,
+    "gloo_on_gpu": communication.gloo_on_gpu,
+}
+
+
+def point_at_code(findings: list[Finding], analysis: Analysis) -> None:
+    """Give each finding the line (and module) its evidence comes from, where the trace
+    has the cell's statement ranges (see :mod:`gpumagic.profile.analysis.where`)."""
+    if not len(analysis.trace.code.statements) and not len(analysis.trace.code.modules):
+        return
+    for f in findings:
+        if f.rows is None:
+            continue
+        place = locate(analysis, f.rows)
+        f.line, f.source, f.module = place.line, place.source, place.module
+
+
+def diagnose(analysis: Analysis, live: LiveState | None = None) -> list[Finding]:
+    """Run every rule; findings ranked by estimated saving (then severity)."""
+    if len(analysis.steps) == 0:
+        return []
+    ctx = Context(analysis, live)
+    found = [f for rule in RULES.values() if (f := rule(ctx)) is not None]
+    low = next((f for f in found if f.rule == "low_utilization"), None)
+    if low is not None:
+        explained = sum(f.saving_us for f in found if f is not low)
+        low.saving_us = max(low.saving_us - explained, 0.0)
+        low.evidence["unexplained_idle_us_per_step"] = round(low.saving_us, 1)
+        low.severity = severity(low.saving_us, ctx.step_us)
+    rank = {s: i for i, s in enumerate(SEVERITIES)}
+    found.sort(key=lambda f: (-f.saving_us, rank.get(f.severity, 3), f.rule))
+    point_at_code(found, analysis)
+    return found
