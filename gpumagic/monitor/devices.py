@@ -92,7 +92,7 @@ def visible_devices(
     env: str | None, uuids: Sequence[str | None], mig_uuids: Sequence[str | None] = ()
 ) -> VisibleDevices:
     """Read ``CUDA_VISIBLE_DEVICES`` as torch and the CUDA runtime do (torch's
-    ``_parse_visible_devices`` and ``_transform_uuid_to_ordinals``, audit M5).
+    ``_parse_visible_devices`` and ``_transform_uuid_to_ordinals`` in ``torch/cuda/__init__.py``).
 
     ``uuids``: the NVML UUIDs by NVML index; ``mig_uuids``: the MIG instances' UUIDs.
     The whole list is read in the mode of its first entry: ``GPU-`` UUID (prefixes),

@@ -135,7 +135,7 @@ def _init(module: Any) -> _NvmlState:
 
 
 def _mig_instances(module: Any, gpu: PhysicalGpu) -> list[PhysicalGpu] | None:
-    """The MIG instances of a board in MIG mode (audit M4); None when MIG is off.
+    """The MIG instances of a board in MIG mode; None when MIG is off.
 
     In MIG mode the board's own memory counts every tenant's instances and its utilisation
     is NOT_SUPPORTED, so the instances are what is watched: each MIG device handle
@@ -482,8 +482,8 @@ def cuda_devices_in_use() -> set[int]:
 
     ``torch.cuda.is_initialized()`` alone is not "using the GPU": ``_lazy_init`` (run by
     ``torch.cuda.current_device()``, ``get_device_properties()``, ...) creates no context
-    (pytorch#99533), so NVML does not list the process and its GPU memory is really 0
-    (audit M1). A context exists once torch allocated memory or launched work on the
+    (pytorch#99533), so NVML does not list the process and its GPU memory is really 0.
+    A context exists once torch allocated memory or launched work on the
     device; ``torch._C._cuda_hasPrimaryContext`` asks the driver directly where this build
     has it, and memory the caching allocator reserves is the sign everywhere else.
     """

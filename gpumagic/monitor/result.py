@@ -40,7 +40,8 @@ UNITS: dict[str, str] = {m.key: m.unit for m in M.METRICS} | {
 }
 
 _GPU_CELL_COLUMNS = ("peak_utilization", "mean_utilization", "peak_memory", "peak_process_memory")
-# Which GPUs a cell's utilisation is of: this process's (audit M12), or the busiest GPU's.
+# Which GPUs a cell's utilisation is of: this process's (another user's busy GPU says
+# nothing about this kernel's cells), or, where this process uses none, the busiest GPU's.
 _UTILIZATION_OF = "utilization_of"
 
 

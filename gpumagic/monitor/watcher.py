@@ -443,7 +443,7 @@ class Watcher:
     def _own_rows(self, block: np.ndarray) -> list[int]:
         """GPU rows this process uses: NVML lists its memory there, or (NVML cannot tell, as
         in a container's PID namespace) it holds a CUDA context there. A cell's utilisation
-        comes from these, not from another user's busiest GPU (audit M12)."""
+        comes from these, not from another user's busiest GPU on a shared box."""
         if not self._gpu_readers:
             return []
         proc = block[self._gpu_rows, M.PROC_MEM]
