@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 import numpy as np
 
-from gpumagic.profile.analysis import intervals
+from gpumagic.profile.analysis import intervals, tree
 from gpumagic.profile.analysis.steps import Steps
 from gpumagic.profile.trace.model import KERNEL, MEMCPY, MEMSET, Trace
 
@@ -60,6 +60,8 @@ class AnalysisView(Protocol):
     def parents(self) -> tuple[np.ndarray, np.ndarray]: ...
     @property
     def launch_runtime(self) -> np.ndarray: ...
+    @property
+    def launch_op(self) -> np.ndarray: ...
     @property
     def is_step_mark(self) -> np.ndarray: ...
     @property
@@ -280,65 +282,6 @@ def _message_bytes(args: _CommArgs) -> float:
     return best
 
 
-def _nearest(parent: np.ndarray, flag: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """For each of ``rows``, itself if flagged, else its nearest flagged ancestor (-1: none)."""
-    out = np.full(len(rows), -1, np.int64)
-    cur = rows.astype(np.int64).copy()
-    pending = np.arange(len(rows))
-    while len(pending):
-        c = cur[pending]
-        live = c >= 0
-        pending, c = pending[live], c[live]
-        hit = flag[c]
-        out[pending[hit]] = c[hit]
-        pending = pending[~hit]
-        cur[pending] = parent[c[~hit]]
-    return out
-
-
-def _ancestors_of(parent: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """Mask of the strict ancestors of ``rows``."""
-    out = np.zeros(len(parent), bool)
-    cur = parent[rows]
-    while len(cur):
-        cur = cur[cur >= 0]
-        cur = cur[~out[cur]]  # an ancestor already marked has its own marked above it
-        out[cur] = True
-        cur = parent[cur]
-    return out
-
-
-def _intersect(
-    a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]
-) -> tuple[np.ndarray, np.ndarray]:
-    """The intersection of two sets of intervals, as disjoint sorted intervals."""
-    (s1, e1), (s2, e2) = a, b
-    if len(s1) == 0 or len(s2) == 0:
-        return np.zeros(0), np.zeros(0)
-    points = np.unique(np.concatenate([s1, e1, s2, e2]))
-    both = intervals.covered(points, s1, e1) & intervals.covered(points, s2, e2)
-    return intervals.merge(points[:-1][both], points[1:][both])
-
-
-def _subtract(
-    a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]
-) -> tuple[np.ndarray, np.ndarray]:
-    """``a`` less ``b``, as disjoint sorted intervals."""
-    (s1, e1), (s2, e2) = a, b
-    if len(s1) == 0 or len(s2) == 0:
-        return intervals.merge(s1, e1)
-    points = np.unique(np.concatenate([s1, e1, s2, e2]))
-    keep = intervals.covered(points, s1, e1) & ~intervals.covered(points, s2, e2)
-    return intervals.merge(points[:-1][keep], points[1:][keep])
-
-
-def _length_in(s: np.ndarray, e: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Covered length of the intervals inside each window ``[lo[i], hi[i]]``."""
-    if len(s) == 0:
-        return np.zeros(len(lo))
-    return intervals.cumulative(s, e, hi) - intervals.cumulative(s, e, lo)
-
-
 @dataclass
 class Calls:
     """One row per collective call, in time order (all times in µs on the trace's clock)."""
@@ -414,7 +357,7 @@ class Communication:
         device_spans = self.backend_spans & ~spans
         if device_spans.any():
             # a run with gloo and NCCL groups: the c10d ops around NCCL spans only enqueue
-            ops &= ~_ancestors_of(self.a.parents[0], np.flatnonzero(device_spans))
+            ops &= ~tree.ancestors_of(self.a.parents[0], np.flatnonzero(device_spans))
         return spans | ops
 
     @property
@@ -450,7 +393,7 @@ class Communication:
             on = host.thread == t
             s, e = intervals.merge(host.ts[ops & on], host.end[ops & on])
             if (comm & on).any():
-                s, e = _subtract((s, e), intervals.merge(host.ts[comm & on], host.end[comm & on]))
+                s, e = intervals.subtract((s, e), intervals.merge(host.ts[comm & on], host.end[comm & on]))
             parts_s.append(s)
             parts_e.append(e)
         if not parts_s:
@@ -487,7 +430,7 @@ class Communication:
             comp = intervals.merge(gpu.ts[m], gpu.end[m])
         else:
             comp = self._host_computation(host_window)
-        both = _intersect(comm, comp)
+        both = intervals.intersect(comm, comp)
         return 100.0 * float((both[1] - both[0]).sum()) / total
 
     def step_split(self, steps: Steps) -> np.ndarray:
@@ -499,10 +442,10 @@ class Communication:
         lo, hi = steps.start.astype(float), steps.end.astype(float)
         comp_s, comp_e = self.computation
         comm_s, comm_e = self.intervals
-        both_s, both_e = _intersect((comp_s, comp_e), (comm_s, comm_e))
-        comp = _length_in(comp_s, comp_e, lo, hi)
-        comm = _length_in(comm_s, comm_e, lo, hi)
-        both = _length_in(both_s, both_e, lo, hi)
+        both_s, both_e = intervals.intersect((comp_s, comp_e), (comm_s, comm_e))
+        comp = intervals.length_in(comp_s, comp_e, lo, hi)
+        comm = intervals.length_in(comm_s, comm_e, lo, hi)
+        both = intervals.length_in(both_s, both_e, lo, hi)
         other = (hi - lo) - comp - comm + both
         return np.column_stack([comp - both, both, comm - both, np.maximum(other, 0.0)])
 
@@ -530,7 +473,7 @@ class Communication:
     def calls(self) -> Calls:
         trace, a = self.trace, self.a
         host, gpu, rt = trace.host, trace.gpu, trace.runtime
-        host_par, rt_par = a.parents
+        host_par, _ = a.parents
         names = host.name
         is_rpc = names.mask(lambda n: n == _PARAM_COMMS)
         roots = np.flatnonzero(self.backend_spans)
@@ -538,7 +481,7 @@ class Communication:
         rpc_args = dict(zip(rpc_rows.tolist(), _decode_comm_args([host.args[i] for i in rpc_rows])))
         # record_param_comms spans with no backend span inside are calls of their own
         # (a writer that records only them), except DDP's waits
-        holds_span = _ancestors_of(host_par, roots) if len(roots) else np.zeros(len(host.ts), bool)
+        holds_span = tree.ancestors_of(host_par, roots) if len(roots) else np.zeros(len(host.ts), bool)
         lone = [
             i
             for i in rpc_rows.tolist()
@@ -553,11 +496,10 @@ class Communication:
 
         # the communication kernels each call launched
         kern = np.flatnonzero(self.kernels)
-        launch = a.launch_runtime[kern]
-        op = np.where(launch >= 0, rt_par[np.maximum(launch, 0)], -1)
+        op = a.launch_op[kern]
         owner = np.full(len(kern), -1, np.int64)
         has_op = op >= 0
-        owner[has_op] = _nearest(host_par, is_call, op[has_op])
+        owner[has_op] = tree.nearest_flagged(host_par, is_call, op[has_op])
         n = len(call_rows)
         dur = gpu.end - gpu.ts
         device_us = np.zeros(n)
@@ -570,7 +512,7 @@ class Communication:
         np.maximum.at(k_end, which, gpu.end[kern[mine]])
 
         # size and group from the record_param_comms span at or around each call
-        rpc_of = _nearest(host_par, is_rpc, call_rows) if n else np.zeros(0, np.int64)
+        rpc_of = tree.nearest_flagged(host_par, is_rpc, call_rows) if n else np.zeros(0, np.int64)
         own_args = _decode_comm_args([host.args[i] for i in call_rows.tolist()])
         default_group = self._default_group_size()
         out_name, out_backend, nbytes, group = [], [], np.full(n, np.nan), np.full(n, np.nan)
@@ -724,14 +666,13 @@ class Communication:
         out = np.zeros(len(gpu.ts), bool)
         if not self.host.any():
             return out
-        _host_par, rt_par = self.a.parents
         copies = np.flatnonzero(np.isin(gpu.kind, (MEMCPY, MEMSET)) & (self.a.launch_runtime >= 0))
         if len(copies) == 0:
             return out
-        op = rt_par[self.a.launch_runtime[copies]]
+        op = self.a.launch_op[copies]
         ok = op >= 0
         inside = np.zeros(len(copies), bool)
-        inside[ok] = _nearest(self.a.parents[0], self.host, op[ok]) >= 0
+        inside[ok] = tree.nearest_flagged(self.a.parents[0], self.host, op[ok]) >= 0
         out[copies[inside]] = True
         return out
 
