@@ -226,12 +226,12 @@ def test_oom_frames_are_reported_then_released(ip, run):
 
 
 def test_a_report_that_runs_out_of_memory_itself_still_releases_and_raises_once(ip, run, monkeypatch):
-    import gpumagic.memory.session as session
+    import gpumagic.memory.oom as oom
 
     def exhausted(*args, **kwargs):
         raise MemoryError("no room left to build the report")
 
-    monkeypatch.setattr(session, "named_tensors", exhausted)
+    monkeypatch.setattr(oom, "named_tensors", exhausted)
     r = run(
         "%%memtrace\n"
         "import weakref\n"
@@ -305,17 +305,21 @@ def test_many_iterations_keep_the_timeline_bounded(ip, run):
 
 def test_live_view_html_from_probe_data(ip):
     from gpumagic.cell import prepare
-    from gpumagic.memory.session import TraceSession
+    from gpumagic.memory.run import MemtraceRun
     from gpumagic.render.memtrace import memtrace_live_html
 
     prepared = prepare(ip, "x = torch.ones(2**24)\ny = 1\n", "%%memtrace", instrument=True)
-    session = TraceSession(prepared.statements, ip.user_ns)
-    probe = session.probe
-    probe.enter(0)
-    ip.user_ns["x_live"] = torch.ones(2**24)
-    probe.enter(1)  # statement 1 (line 3) is running now
-    html = memtrace_live_html(session.tracer)
-    session.finish()
+    run = MemtraceRun(prepared.statements, ip.user_ns)
+    try:
+        probe = run.start()
+        probe.enter(0)
+        ip.user_ns["x_live"] = torch.ones(2**24)
+        probe.enter(1)  # statement 1 (line 3) is running now
+        html = memtrace_live_html(run.status())
+        run.stop()
+        run.finish(None)
+    finally:
+        run.close()
     assert 'class="gpumagic gpumagic-memtrace-live"' in html
     assert "running line 3 (hit 1)" in html
     assert "<svg" in html and "<polyline" in html
@@ -567,7 +571,7 @@ def test_m12_cuda_malloc_async_backend_caveat(ip, run, fake_cuda, monkeypatch):
 def test_s2_the_device_filter_reads_tensor_fields_not_device_objects():
     from types import SimpleNamespace
 
-    from gpumagic.memory.holders import device_filter
+    from gpumagic.memory.device import tensor_filter as device_filter
 
     class NoDeviceObject(SimpleNamespace):
         @property
