@@ -92,7 +92,7 @@ class Recorder:
         self.stop_error = ""  # what went wrong stopping the profiler, when a trace survived
         self._prof: Any = None
         self._started = False  # torch's start() returned
-        self._profiler_was_on = False  # a profiler (not ours) was on when start() began
+        self._owns_profiler = False  # torch's start() was called with no profiler on before
         self._dir: Path | None = None  # made by start(), removed by cleanup()
         self._trace: Path | None = None
 
@@ -145,7 +145,7 @@ class Recorder:
             with_stack=opts.stack,
             with_flops=opts.flops,
         )
-        self._profiler_was_on = _profiler_on()
+        self._owns_profiler = not _profiler_on()
         _start_quietly(self._prof)
         self._started = True
         self.started = time.perf_counter()
@@ -168,7 +168,6 @@ class Recorder:
 
     def stop(self) -> Path:
         """Stop the profiler (always, also after an error) and return the trace written."""
-        global _current
         failure: Exception | None = None
         try:
             if self._started:
@@ -182,11 +181,7 @@ class Recorder:
             # start() interrupted inside torch's own start() may have enabled it without
             # returning. Either way it is turned off here, so that the next cell does not run
             # under an orphan profiler; one that was on before this recorder is left alone.
-            if not self._profiler_was_on:
-                _disable_profiler()
-            with _lock:
-                if _current is self:
-                    _current = None
+            self._release_profiler()
             self.elapsed_s = time.perf_counter() - self.started if self.started else 0.0
             self.cuda_used = self.cuda and _cuda_used(self._cuda_at_start)
         if failure is not None:
@@ -227,8 +222,22 @@ class Recorder:
         return dest
 
     def cleanup(self) -> None:
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
+        """Remove the temporary folder, and release the profiler if :meth:`stop` did not get
+        to it (it was interrupted): everything this recorder holds is gone after this."""
+        try:
+            self._release_profiler()
+        finally:
+            if self._dir is not None:
+                shutil.rmtree(self._dir, ignore_errors=True)
+
+    def _release_profiler(self) -> None:
+        global _current
+        if self._owns_profiler:
+            _disable_profiler()
+            self._owns_profiler = False
+        with _lock:
+            if _current is self:
+                _current = None
 
     def keep(self) -> Path:
         """Move the recorded trace out of the folder :meth:`cleanup` removes; its new path

@@ -115,7 +115,13 @@ class ProfileRun:
         return done
 
     def close(self) -> None:
-        self.recorder.cleanup()
+        """The temporary folder goes; and, where ``stop`` was cut short, the hooks and the
+        profiler (each release is a no-op the second time)."""
+        try:
+            if self.probe is not None and self.probe.modules is not None:
+                self.probe.modules.remove()
+        finally:
+            self.recorder.cleanup()
 
     # -- the live view's data (any thread) -------------------------------------------------
     def status(self) -> ProfileStatus:
