@@ -35,14 +35,13 @@ from __future__ import annotations
 import ast
 import builtins
 import itertools
-import signal
 import sys
-import threading
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import CodeType, FrameType
 from typing import Any, Protocol, TypeVar
+
+from gpumagic.interrupts import HeldInterrupts, interruptible
 
 __all__ = [
     "MeasuredRun",
@@ -452,7 +451,7 @@ class MeasuredRun(Protocol[R_co]):
     * ``finish(error)`` builds the result to show from what was measured; ``error`` is the
       cell's exception, or None. Not called when ``start`` failed: there is nothing to show.
       A failure of its own is said in the result; only an interrupt (see
-      :func:`interruptible`) leaves it.
+      :func:`~gpumagic.interrupts.interruptible`) leaves it.
     * ``close()`` releases everything still held; always called, last.
     """
 
@@ -486,9 +485,10 @@ def run_measured(
       exception at any point of the run leaks nothing.
     * Ctrl-C: while the cell's own code runs it interrupts the cell, as without the magic.
       Around it, while resources change hands, it is held (a Python-level SIGINT handler
-      that only records it; see :class:`_HeldInterrupts`) and delivered at the first safe
-      point: as the cell starts, or once everything is released; ``finish`` may open
-      :func:`interruptible` windows (a long analysis).
+      that only records it: :class:`~gpumagic.interrupts.HeldInterrupts`) and delivered
+      at the first safe point: as the cell starts, or once everything is released;
+      ``finish`` may open :func:`~gpumagic.interrupts.interruptible` windows (a long
+      analysis).
     * After the cell's error the partial result is shown, then the cell's exception
       propagates once, unchanged (its traceback, its line numbers; a Ctrl-C held meanwhile
       is dropped: the cell has ended already). When ``start`` fails, nothing is shown and
@@ -499,7 +499,7 @@ def run_measured(
     value: Any = None
     result: R | None = None
     ran = False
-    with _HeldInterrupts() as held:
+    with HeldInterrupts() as held:
         try:
             try:
                 try:
@@ -541,79 +541,3 @@ def error_text(exc: BaseException, limit: int = 300) -> str:
         return name
     first = text.splitlines()[0] if text else ""
     return (f"{name}: {first}" if first else name)[:limit]
-
-
-class _HeldInterrupts:
-    """Holds Ctrl-C (SIGINT) while a run acquires and releases its resources.
-
-    Python raises KeyboardInterrupt at whichever bytecode runs when the signal arrives,
-    also between a resource's acquisition and the assignment that records it, or at the
-    first line of the function meant to release it: no ``try``/``finally`` can close those
-    gaps. While held, the process's SIGINT handler only records the signal; the handler
-    that was there (``signal.default_int_handler`` in IPython and ipykernel) is restored
-    while the cell runs and at the end, and a recorded signal is raised again through it at
-    the first point where nothing can leak. Signal handlers exist only on the main thread:
-    elsewhere nothing is held (and no SIGINT is delivered there either).
-    """
-
-    def __init__(self) -> None:
-        self.pending = False
-        self._saved: Any = None
-        self.active = False
-
-    def _record(self, signum: int, frame: FrameType | None) -> None:
-        self.pending = True
-
-    def __enter__(self) -> _HeldInterrupts:
-        if threading.current_thread() is not threading.main_thread():
-            return self
-        saved = signal.getsignal(signal.SIGINT)
-        if saved is None:  # a handler installed outside Python: it could not be restored
-            return self
-        self._saved = saved
-        signal.signal(signal.SIGINT, self._record)
-        self.active = True
-        _holding.append(self)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.active:
-            self.active = False
-            _holding.remove(self)
-            signal.signal(signal.SIGINT, self._saved)
-
-    @contextmanager
-    def let_through(self) -> Iterator[None]:
-        """Ctrl-C acts at once inside this block; one held so far is delivered first."""
-        if not self.active:
-            yield
-            return
-        signal.signal(signal.SIGINT, self._saved)
-        try:
-            if self.pending:
-                self.pending = False
-                signal.raise_signal(signal.SIGINT)
-            yield
-        finally:
-            signal.signal(signal.SIGINT, self._record)
-
-    def deliver(self) -> None:
-        """After the exit: raise a held Ctrl-C through the handler restored by then."""
-        if self.pending:
-            self.pending = False
-            signal.raise_signal(signal.SIGINT)
-
-
-_holding: list[_HeldInterrupts] = []
-
-
-@contextmanager
-def interruptible() -> Iterator[None]:
-    """Inside :func:`run_measured`'s holding, let Ctrl-C act at once for this block: long
-    work that holds no resource open (analysing a recorded trace), so that the user can stop
-    it. Elsewhere it does nothing."""
-    if not _holding or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    with _holding[-1].let_through():
-        yield

@@ -7,7 +7,7 @@ in ``builtins``, the SIGINT handler) is checked after a KeyboardInterrupt raised
 stage, through a real IPython shell on real torch: right after the temporary folder is made,
 inside torch's profiler start, as the hooks go in, at the first statement, in the cell, in
 the stops, while finishing, while showing. Then a real SIGINT is sent at the moments the
-lifecycle holds it (:class:`gpumagic.cell._HeldInterrupts`), and at random instants in a
+lifecycle holds it (:class:`gpumagic.interrupts.HeldInterrupts`), and at random instants in a
 child process.
 """
 
@@ -388,7 +388,8 @@ def test_a_sigint_while_a_failed_cell_ends_leaves_the_cells_error(ip):
 
 
 def test_interruptible_lets_a_sigint_stop_the_finishing(ip):
-    from gpumagic.cell import interruptible, prepare, run_measured
+    from gpumagic.cell import prepare, run_measured
+    from gpumagic.interrupts import interruptible
 
     class Analysing(_Run):
         def finish(self, error):

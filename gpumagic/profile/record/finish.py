@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpumagic.cell import interruptible
+from gpumagic.interrupts import interruptible
 from gpumagic.profile import load
 from gpumagic.profile.record import session as live
 from gpumagic.profile.record.recorder import RecordError
