@@ -408,14 +408,14 @@ def execute(shell: Any, prepared: PreparedCell, probe: Probe | None = None) -> A
     """
     __tracebackhide__ = True
     installed: list[str] = []
-    if prepared.hook_names:
-        if probe is None:
-            raise ValueError("an instrumented cell needs a probe")
-        hooks = {"enter": probe.enter, "loop": _loop_hook(probe.enter)}
-        for role, name in prepared.hook_names.items():
-            setattr(builtins, name, hooks[role])
-            installed.append(name)
     try:
+        if prepared.hook_names:
+            if probe is None:
+                raise ValueError("an instrumented cell needs a probe")
+            hooks = {"enter": probe.enter, "loop": _loop_hook(probe.enter)}
+            for role, name in prepared.hook_names.items():
+                installed.append(name)  # first: the finally removes it whatever comes next
+                setattr(builtins, name, hooks[role])
         glob, loc = shell.user_global_ns, shell.user_ns
         if prepared.body is not None:
             exec(prepared.body, glob, loc)

@@ -69,6 +69,10 @@ class HeldInterrupts:
                 signal.raise_signal(signal.SIGINT)
             yield
         finally:
+            # the cell may have set a handler of its own: that one is restored at the end
+            current = signal.getsignal(signal.SIGINT)
+            if current is not None:
+                self._saved = current
             signal.signal(signal.SIGINT, self._record)
 
     def deliver(self) -> None:

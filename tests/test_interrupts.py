@@ -461,3 +461,40 @@ def test_ctrl_c_at_random_instants_leaks_nothing(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-3000:]
+
+
+# -- what the cell does to the same machinery ---------------------------------------------------
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("this exception cannot be printed")
+
+
+@pytest.mark.parametrize("magic", ["memtrace", "gpuprofile"])
+def test_an_error_whose_str_raises_still_ends_the_run(ip, clean, magic):
+    """Issue 21, item 7: the magics read the cell's error for their report; one whose
+    ``__str__`` raises must not stop the run's ending (the live view's thread kept running)."""
+    from IPython.utils.capture import capture_output
+
+    ip.user_ns["Unprintable"] = Unprintable
+    # not stored in the history: IPython's own history calls str() on the error
+    # (InteractiveShell._format_exception_for_storage), for a plain cell too
+    with capture_output() as cap:
+        result = ip.run_cell(f"%%{magic}\nx = 1\nraise Unprintable()\n", store_history=False)
+    assert isinstance(result.error_in_exec, Unprintable)  # the cell's own, once
+    text = "".join(o.data.get("text/plain", "") for o in cap.outputs)
+    assert "Unprintable" in text  # named by its type in the report
+    clean()
+
+
+@pytest.mark.parametrize("magic", ["memtrace", "gpuprofile"])
+def test_a_sigint_handler_the_cell_sets_is_kept(ip, run, clean, magic):
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        r = run(f"%%{magic} -q\nimport signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n")
+        assert r.result.success, r.result.error_in_exec
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+    clean()
