@@ -13,15 +13,20 @@ there is no GPU panel. Only one watcher runs per process; starting another repla
 from __future__ import annotations
 
 from gpumagic.monitor.alerts import Alert
-from gpumagic.monitor.devices import Device
+from gpumagic.monitor.devices import WatchedDevice
 from gpumagic.monitor.result import WatchResult, WatchStatus
 from gpumagic.monitor.watcher import Watcher, current, stop_current, watch
+
+# The name this class had before memory's traced device got a class of its own: kept so that
+# code written against it keeps working.
+Device = WatchedDevice
 
 __all__ = [
     "Alert",
     "Device",
     "WatchResult",
     "WatchStatus",
+    "WatchedDevice",
     "Watcher",
     "current",
     "stop_current",

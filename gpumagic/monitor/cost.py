@@ -30,10 +30,11 @@ from typing import Any
 
 import numpy as np
 
+from gpumagic.device_kinds import CUDA
 from gpumagic.monitor import metrics as M
 from gpumagic.monitor.alerts import Alert
 from gpumagic.monitor.cells import CellMarks
-from gpumagic.monitor.devices import Device
+from gpumagic.monitor.devices import WatchedDevice
 from gpumagic.units import fmt_us
 
 IDLE_UTIL_PCT = 5.0
@@ -158,7 +159,7 @@ class EnergyReader:
     """NVML's total-energy counters of the watched GPUs, summed; never raises."""
 
     def __init__(
-        self, module: Any, gpus: Sequence[tuple[Device, Any]], unavailable: str | None = None
+        self, module: Any, gpus: Sequence[tuple[WatchedDevice, Any]], unavailable: str | None = None
     ) -> None:
         self._nv = module
         self._gpus = list(gpus)
@@ -199,8 +200,8 @@ class CostMeter:
 
     def __init__(
         self,
-        devices: Sequence[Device],
-        gpus: Sequence[tuple[Device, Any]],
+        devices: Sequence[WatchedDevice],
+        gpus: Sequence[tuple[WatchedDevice, Any]],
         module: Any,
         price: float | None,
         idle_alert_s: float | None,
@@ -211,7 +212,7 @@ class CostMeter:
         self.idle_alert_s = idle_alert_s
         self.on_idle = on_idle
         self.has_gpus = bool(gpus)
-        self._gpu_rows = [i for i, d in enumerate(devices) if d.kind == "gpu"]
+        self._gpu_rows = [i for i, d in enumerate(devices) if d.kind == CUDA]
         self._energy = EnergyReader(module, gpus, energy_unavailable)
         self._prev_t: float | None = None
         self._prev_energy = math.nan

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpumagic.device_kinds import CUDA
 from gpumagic.monitor import metrics as M
 from gpumagic.monitor.alerts import Alert, cell_note
 
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 
     from gpumagic.monitor.cells import CellRecord
     from gpumagic.monitor.cost import CostState
-    from gpumagic.monitor.devices import Device
+    from gpumagic.monitor.devices import WatchedDevice
     from gpumagic.monitor.snapshot import Snapshot
 
 UNITS: dict[str, str] = {m.key: m.unit for m in M.METRICS} | {
@@ -45,7 +46,7 @@ _GPU_CELL_COLUMNS = ("peak_utilization", "mean_utilization", "peak_memory", "pea
 _UTILIZATION_OF = "utilization_of"
 
 
-def utilization_of(cell: CellRecord, devices: Sequence[Device]) -> str:
+def utilization_of(cell: CellRecord, devices: Sequence[WatchedDevice]) -> str:
     """``cuda:0`` (the GPUs this process used during the cell) or ``busiest GPU``."""
     keys = [devices[r].key for r in cell.utilization_rows if r < len(devices)]
     return ", ".join(keys) if keys else "busiest GPU"
@@ -73,9 +74,9 @@ def device_values(snapshot: Snapshot, sample: int = -1) -> list[dict[str, Any]]:
             "cuda_index": device.cuda_index,
         }
         for metric in M.METRICS:
-            if (metric.scope == "gpu") == (device.kind == "gpu"):
+            if (metric.scope == CUDA) == (device.kind == CUDA):
                 entry[metric.key] = float(v[M.INDEX[metric.key]])
-        if device.kind == "gpu":
+        if device.kind == CUDA:
             entry["throttle"] = M.throttle_names(v[M.THROTTLE])
         out.append(entry)
     return out
@@ -143,7 +144,7 @@ class WatchResult:
 
     @property
     def has_gpus(self) -> bool:
-        return any(d.kind == "gpu" for d in self.devices)
+        return any(d.kind == CUDA for d in self.devices)
 
     @property
     def sample_cpu_mean_s(self) -> float:
@@ -170,7 +171,7 @@ class WatchResult:
 
         snap = self.snapshot
         n, d = len(snap.times), len(snap.devices)
-        keep = [m for m in M.METRICS if self.has_gpus or m.scope != "gpu"]
+        keep = [m for m in M.METRICS if self.has_gpus or m.scope != CUDA]
         flat = snap.values.reshape(n * d, M.N_METRICS)
         data: dict[str, Any] = {
             "time": _local_times(np.repeat(snap.times, d)),

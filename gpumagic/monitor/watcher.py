@@ -35,9 +35,9 @@ from gpumagic.monitor.alerts import LOW_UTIL_SPAN_S, Alert, compute_alerts
 from gpumagic.monitor.cells import CellMarks
 from gpumagic.monitor.cost import CostMeter, check_price, parse_duration
 from gpumagic.monitor.csvlog import CsvLog
-from gpumagic.monitor.devices import Device
+from gpumagic.monitor.devices import WatchedDevice
 from gpumagic.monitor.host import HostReader
-from gpumagic.monitor.nvml import GpuReader, cuda_devices_in_use, cuda_in_use, select_gpus
+from gpumagic.monitor.nvml import GpuReader, cuda_devices_in_use, cuda_in_use, gpus_to_watch
 from gpumagic.monitor.processes import ProcessTable, read_processes
 from gpumagic.monitor.result import WatchResult, WatchStatus
 from gpumagic.monitor.ring import Ring, capacity_for
@@ -139,7 +139,7 @@ class Watcher:
         if on_idle is not None and not callable(on_idle):
             raise ValueError(f"on_idle must be callable, got {on_idle!r}")
         self.window = _check_window(window, self.interval)
-        selection = select_gpus(_check_gpus(gpus))
+        selection = gpus_to_watch(_check_gpus(gpus))
         self.reason = selection.reason
         self._notes: list[str] = ([floor_note] if floor_note else []) + selection.notes
         pid = os.getpid()
@@ -147,7 +147,7 @@ class Watcher:
         self._nvml = selection.module
         self._gpu_handles = [(d, g.handle) for d, g in selection.gpus]
         self._host = HostReader()
-        self.devices: tuple[Device, ...] = (
+        self.devices: tuple[WatchedDevice, ...] = (
             *(r.device for r in self._gpu_readers),
             self._host.device,
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from gpumagic.device_kinds import HOST
 from gpumagic.memory.oom import OomReport
 from gpumagic.render.html import bar, escape, kv, table, text_table, wrap
 from gpumagic.render.svg import Chart, Series, render_chart
@@ -11,7 +12,7 @@ from gpumagic.units import fmt_bytes, fmt_count, fmt_us
 
 if TYPE_CHECKING:
     from gpumagic.memory.report import MemTrace
-    from gpumagic.memory.tracer import MemoryTracer
+    from gpumagic.memory.run import MemtraceStatus
 
 
 def _header_text(self: MemTrace) -> str:
@@ -61,7 +62,7 @@ def memtrace_text(self: MemTrace) -> str:
 def memtrace_html(self: MemTrace) -> str:
     ran = self._ran()
     hot = self._hot()
-    host_cols = self.device.kind != "host"
+    host_cols = self.device.kind != HOST
     scale = max([abs(self.delta[s.index]) for s in ran] + [self.peak[s.index] for s in ran] + [1])
     # On the host, allocated and reserved are both the RSS: one column says it.
     headers = [
@@ -249,14 +250,14 @@ def oom_html(report: OomReport) -> str:
     return "".join(out)
 
 
-def memtrace_live_html(tracer: MemoryTracer) -> str:
+def memtrace_live_html(status: MemtraceStatus) -> str:
     """The live view while a cell runs: the statement running now, its hits, memory so far.
 
-    Built only from what the probes already recorded (no device query from this thread).
+    Drawn from the run's status (:meth:`gpumagic.memory.run.MemtraceRun.status`), which the
+    probes already recorded: no device query from this thread.
     """
-    index, hits, timeline = tracer.live_state()
-    if index >= 0:
-        s = tracer.statements[index]
+    s, hits, timeline = status.statement, status.hits, status.timeline
+    if s is not None:
         first = s.source.splitlines()[0] if s.source else ""
         now = f"running line {s.line} (hit {fmt_count(hits)}): <code>{escape(first[:80])}</code>"
     else:
@@ -269,7 +270,7 @@ def memtrace_live_html(tracer: MemoryTracer) -> str:
         ],
         width=420,
         height=110,
-        title=f"{tracer.device.label}: memory over the statements so far",
+        title=f"{status.device_label}: memory over the statements so far",
         y_min=0.0,
         y_format=fmt_bytes,
         y_label="seconds",

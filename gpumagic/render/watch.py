@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpumagic.device_kinds import CUDA
 from gpumagic.monitor import metrics as M
 from gpumagic.monitor.alerts import cell_note
 from gpumagic.monitor.cost import fmt_usd, fmt_wh
@@ -147,7 +148,7 @@ def _charts(snap: Snapshot, live: bool) -> list[list[Chart]]:
     bands = _bands(snap.cells, origin, x_lo, x_hi, snap.now)
 
     # Host only: its two charts are the whole panel, so they get the room four GPU charts would.
-    host_only = all(d.kind != "gpu" for d in snap.devices)
+    host_only = all(d.kind != CUDA for d in snap.devices)
     width, height = (2 * CHART_W + 6, CHART_H + 36) if host_only else (CHART_W, CHART_H)
 
     def chart(title: str, series: list[Series], **kw: Any) -> Chart:
@@ -169,7 +170,7 @@ def _charts(snap: Snapshot, live: bool) -> list[list[Chart]]:
     rows: list[list[Chart]] = []
     for row, device in enumerate(snap.devices):
         v = snap.values[:, row, :]
-        if device.kind == "gpu":
+        if device.kind == CUDA:
             util, mutil = v[:, M.UTIL_GPU], v[:, M.UTIL_MEM]
             used, total, proc = v[:, M.MEM_USED], v[:, M.MEM_TOTAL], v[:, M.PROC_MEM]
             temp, power, limit = v[:, M.TEMPERATURE], v[:, M.POWER_DRAW], v[:, M.POWER_LIMIT]
@@ -445,7 +446,7 @@ def _cell_flag(cell: CellRecord) -> str:
 
 def _cell_rows(result: WatchResult) -> list[list[str]]:
     snap = result.snapshot
-    several = sum(d.kind == "gpu" for d in snap.devices) > 1
+    several = sum(d.kind == CUDA for d in snap.devices) > 1
     rows = []
     for cell in snap.cells:
         head = [
@@ -496,7 +497,7 @@ def _seen_alerts(result: WatchResult) -> list[str]:
 def _summary_line(result: WatchResult) -> str:
     snap = result.snapshot
     span = float(snap.times[-1] - snap.times[0]) if len(snap.times) > 1 else 0.0
-    gpus = sum(1 for d in snap.devices if d.kind == "gpu")
+    gpus = sum(1 for d in snap.devices if d.kind == CUDA)
     what = f"{gpus} GPU{'s' if gpus != 1 else ''}" if gpus else "host only"
     cpu = result.sample_cpu_mean_s
     cost = f" · {fmt_us(cpu * 1e6)} CPU per sample" if not math.isnan(cpu) else ""

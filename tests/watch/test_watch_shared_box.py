@@ -23,7 +23,7 @@ from gpumagic.monitor import metrics as M
 from gpumagic.monitor.cells import CellMarks
 from gpumagic.monitor.choose import parse_size, select_gpus
 from gpumagic.monitor.cost import CostMeter, parse_duration
-from gpumagic.monitor.devices import Device
+from gpumagic.monitor.devices import WatchedDevice
 from gpumagic.monitor.processes import NOT_IN_NAMESPACE
 
 GIB = 1024**3
@@ -221,7 +221,7 @@ def test_no_idle_alert_when_this_kernel_holds_no_gpu_memory(fake_nvml: Any) -> N
 
 
 def test_a_failing_on_idle_callback_becomes_a_note() -> None:
-    devices = (Device("host", "h"),)
+    devices = (WatchedDevice("host", "h"),)
 
     def boom(alert: Any) -> None:
         raise RuntimeError("pager down")
