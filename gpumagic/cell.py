@@ -35,6 +35,7 @@ from __future__ import annotations
 import ast
 import builtins
 import itertools
+import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from types import CodeType, FrameType
 from typing import Any, Protocol, TypeVar
 
 from gpumagic.interrupts import HeldInterrupts, interruptible
+from gpumagic.tracebacks import as_the_cells, hidden_hook
 
 __all__ = [
     "MeasuredRun",
@@ -59,6 +61,28 @@ __all__ = [
 
 _run_ids = itertools.count(1)
 
+# Python ends a source line at \n, \r\n or \r only; str.splitlines() also splits at form
+# feed, U+2028 and other characters Python's tokenizer treats as plain text, which would
+# shift every later line against the ast's line numbers.
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+# A statement's source as a report row shows it: longer ones are cut (one 1 MB literal would
+# otherwise be copied into every table, tooltip and DataFrame that names the row).
+SOURCE_LIMIT = 1000
+
+
+def source_lines(text: str) -> list[str]:
+    """``text`` split into lines where Python's tokenizer splits it (not ``str.splitlines``)."""
+    lines = _LINE_BREAK.split(text)
+    if len(lines) > 1 and lines[-1] == "":
+        lines.pop()  # a final line break ends the last line; it does not start another
+    return lines
+
+
+def _capped(text: str) -> str:
+    if len(text) <= SOURCE_LIMIT:
+        return text
+    return f"{text[:SOURCE_LIMIT]} … ({len(text) - SOURCE_LIMIT:,} more characters)"
+
 
 class Probe(Protocol):
     """What the instrumented code calls: ``enter(i)`` when statement ``i`` starts."""
@@ -73,7 +97,8 @@ class Statement:
     index: int
     line: int  # first line as the notebook numbers it: the magic's own line is line 1
     end_line: int
-    source: str  # raw source as typed (a compound statement: its header only)
+    source: str  # the statement's own source as typed (a compound statement: its header only;
+    # at most SOURCE_LIMIT characters, then a marker)
     kind: str  # ast class name: "Assign", "For", "Expr", ...
     depth: int  # 0 at the top of the cell, +1 inside each for/while/if/with/try/match body
 
@@ -84,7 +109,9 @@ class PreparedCell:
 
     filename: str
     statements: list[Statement]
-    body: CodeType | None  # every statement but a trailing expression
+    # every statement but a trailing expression: one code object per top-level statement,
+    # compiled and run one after another as IPython runs a plain cell (see prepare)
+    body: list[CodeType]
     last_expr: CodeType | None  # the trailing expression, evaluated for Out[n]
     hook_names: dict[str, str] = field(default_factory=dict)  # role -> builtins name
 
@@ -146,11 +173,12 @@ def prepare(shell: Any, cell: str, header: str | None, *, instrument: bool = Fal
     transformed = shell.transform_cell(cell)
     prefix = "" if header is None else header + "\n"
     raw_source = prefix + cell
-    raw_lines = cell.splitlines()
+    raw_lines = source_lines(cell)
+    code_lines = source_lines(transformed)
     # Tracebacks and the debugger read the cell from linecache. Show what the user typed
     # when the transform kept one line per line (it does for magics and !commands), else
     # the transformed text so that line numbers stay right.
-    same_lines = len(raw_lines) == len(transformed.splitlines())
+    same_lines = len(raw_lines) == len(code_lines)
     shown = raw_source if same_lines else prefix + transformed
     filename = shell.compile.cache(shown, _cell_number(shell), raw_code=raw_source)
     try:
@@ -170,7 +198,7 @@ def prepare(shell: Any, cell: str, header: str | None, *, instrument: bool = Fal
         run_id = next(_run_ids)
         hook_names = {"enter": f"_gpumagic_enter_{run_id}", "loop": f"_gpumagic_loop_{run_id}"}
         instrumenter = _Instrumenter(
-            raw_lines, hook_names, statements, first_line=1 + prefix.count("\n")
+            raw_lines, code_lines, hook_names, statements, first_line=1 + prefix.count("\n")
         )
         tree.body = instrumenter.block(tree.body, depth=0)
 
@@ -179,12 +207,15 @@ def prepare(shell: Any, cell: str, header: str | None, *, instrument: bool = Fal
         body_nodes, getattr(shell, "ast_node_interactivity", "last_expr")
     )
     try:
-        # The shell's compiler, as for a plain cell: it applies and remembers __future__ flags.
-        body = (
-            shell.compile(ast.Module(body=body_nodes, type_ignores=[]), filename, "exec")
-            if body_nodes
-            else None
-        )
+        # The shell's compiler, as for a plain cell: it applies and remembers __future__
+        # flags. One top-level statement at a time, as IPython's run_ast_nodes compiles a
+        # plain cell: a docstring before "from __future__ import ...", or "global x" after
+        # "x = 1", compile alone but not as one module. (All are compiled before any runs,
+        # so a syntax error still stops the cell before its first line.)
+        body = [
+            shell.compile(ast.Module(body=unit, type_ignores=[]), filename, "exec")
+            for unit in _units(body_nodes, hook_names.get("enter"))
+        ]
         last = (
             shell.compile(ast.Expression(body=last_expr_node), filename, "eval")
             if last_expr_node is not None
@@ -194,6 +225,28 @@ def prepare(shell: Any, cell: str, header: str | None, *, instrument: bool = Fal
         setattr(err, _SYNTAX_MARK, True)
         raise
     return PreparedCell(filename, statements, body, last, hook_names)
+
+
+def _units(nodes: list[ast.stmt], enter_name: str | None) -> Iterator[list[ast.stmt]]:
+    """The top-level statements one by one, each with the probe call put before it."""
+    pending: list[ast.stmt] = []
+    for node in nodes:
+        pending.append(node)
+        if not _is_enter_call(node, enter_name):
+            yield pending
+            pending = []
+    if pending:
+        yield pending
+
+
+def _is_enter_call(node: ast.stmt, enter_name: str | None) -> bool:
+    return (
+        enter_name is not None
+        and isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Call)
+        and isinstance(node.value.func, ast.Name)
+        and node.value.func.id == enter_name
+    )
 
 
 def _split_result(body: list[ast.stmt], interactivity: str) -> ast.expr | None:
@@ -245,36 +298,57 @@ class _Instrumenter:
     """Rewrites statement lists so that each statement starts with ``enter(i)``."""
 
     def __init__(
-        self, raw_lines: list[str], names: dict[str, str], out: list[Statement], first_line: int
+        self,
+        raw_lines: list[str],
+        code_lines: list[str],
+        names: dict[str, str],
+        out: list[Statement],
+        first_line: int,
     ) -> None:
-        self.raw_lines = raw_lines
+        self.raw_lines = raw_lines  # as typed
+        self.code_lines = code_lines  # as transformed: what the ast's columns refer to
         self.first_line = first_line  # the notebook line number of raw_lines[0]
         self.names = names
         self.out = out
 
     # -- helpers ---------------------------------------------------------------------------
     def _source(self, node: ast.stmt, header_only: bool) -> str:
+        """The statement's own text: from its first column to its last, so that of
+        ``a = 1; b = 2`` each row shows its own statement, not the whole line."""
         first = node.lineno - self.first_line
         last = (node.end_lineno or node.lineno) - self.first_line
         if not 0 <= first < len(self.raw_lines):
             text = ast.unparse(node)
-            return text.splitlines()[0] if header_only else text
+            return _capped(text.splitlines()[0] if header_only else text)
+        start, end = node.col_offset, node.end_col_offset
         body = getattr(node, "body", None) if header_only else None
-        if body and body[0].lineno == node.lineno:
-            # one-line compound statement ("for x in y: f(x)"): the header ends where the body starts
-            line = self.raw_lines[first].encode()
-            return line[: body[0].col_offset].decode(errors="replace").strip()
         if header_only:
-            if body:
+            end = None
+            if body and body[0].lineno == node.lineno:
+                # one-line compound statement ("for x in y: f(x)"): the header ends where
+                # the body starts
+                last, end = first, body[0].col_offset
+            elif body:
                 last = max(first, body[0].lineno - self.first_line - 1)
             elif isinstance(node, ast.Match) and node.cases:
                 last = max(first, node.cases[0].pattern.lineno - self.first_line - 1)
         lines = self.raw_lines[first : last + 1]
-        # nested statements: drop the indentation of their first line
         indent = len(lines[0]) - len(lines[0].lstrip())
-        return "\n".join(
-            ln[indent:] if ln[:indent].isspace() else ln.lstrip() for ln in lines
+        # the ast's columns are byte offsets into the transformed line: usable on a line the
+        # transform left as typed (a %magic or !command line is shown whole)
+        if end is not None and self._as_typed(last):
+            lines[-1] = _cut(lines[-1], None, end)
+        if start is not None and self._as_typed(first):
+            lines[0] = _cut(lines[0], start, None)
+        # nested statements: drop the indentation of their first line
+        text = "\n".join(
+            [lines[0].strip()]
+            + [ln[indent:] if ln[:indent].isspace() else ln.lstrip() for ln in lines[1:]]
         ).rstrip()
+        return _capped(text)
+
+    def _as_typed(self, index: int) -> bool:
+        return index < len(self.code_lines) and self.code_lines[index] == self.raw_lines[index]
 
     def _register(self, node: ast.stmt, depth: int, header_only: bool) -> int:
         index = len(self.out)
@@ -381,13 +455,18 @@ class _Instrumenter:
 _TRY_STAR: tuple[type, ...] = (ast.TryStar,) if hasattr(ast, "TryStar") else ()
 
 
+def _cut(line: str, start: int | None, end: int | None) -> str:
+    """``line[start:end]`` in UTF-8 bytes, as the ast counts columns."""
+    return line.encode()[start:end].decode(errors="replace")
+
+
 # ---------------------------------------------------------------------------------------------
 # Running a prepared cell
 
 
 def _loop_hook(enter: Callable[[int], None]) -> Callable[[int, Iterable[Any]], Iterator[Any]]:
+    @hidden_hook
     def loop(index: int, iterable: Iterable[Any]) -> Iterator[Any]:
-        __tracebackhide__ = True
         it = iter(iterable)  # row ``index`` is open: enter() ran while evaluating the argument
         while True:
             try:
@@ -417,8 +496,8 @@ def execute(shell: Any, prepared: PreparedCell, probe: Probe | None = None) -> A
                 installed.append(name)  # first: the finally removes it whatever comes next
                 setattr(builtins, name, hooks[role])
         glob, loc = shell.user_global_ns, shell.user_ns
-        if prepared.body is not None:
-            exec(prepared.body, glob, loc)
+        for code in prepared.body:
+            exec(code, glob, loc)
         if prepared.last_expr is not None:
             return eval(prepared.last_expr, glob, loc)
         return None
@@ -526,8 +605,12 @@ def run_measured(
                 except BaseException as exc:  # never in place of the cell's own error
                     error = exc if error is None else error
     if error is not None:
-        raise error
-    held.deliver()
+        # the traceback a plain cell would show: none of the runner's or the probe's frames
+        raise as_the_cells(error, prepared.filename)
+    try:
+        held.deliver()
+    except KeyboardInterrupt as exc:  # raised here, by the runner: no frame of it is the cell's
+        raise exc.with_traceback(None) from None
     return value
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from gpumagic.cell import Statement
 from gpumagic.memory.probes import CudaMemory, HostMemory, Reading
+from gpumagic.tracebacks import hidden_hook
 
 # Breakdown into parameters / gradients / optimizer state costs a walk over the model's
 # tensors (~35 µs for a small CNN); do it on each statement's first run, then at most once
@@ -139,6 +140,7 @@ class MemoryTracer:
             host.reset_peak()
 
     # -- the probe ---------------------------------------------------------------------------
+    @hidden_hook
     def enter(self, index: int) -> None:
         if self._sync is not None:
             self._synchronize()

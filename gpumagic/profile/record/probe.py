@@ -50,6 +50,7 @@ from gpumagic.profile.trace.spans import (
     module_range_name,
     statement_range_name,
 )
+from gpumagic.tracebacks import hidden_hook
 
 __all__ = ["CodeProbe", "namespace_module_names", "range_factory"]
 
@@ -134,6 +135,7 @@ class CodeProbe:
             )
         return notes
 
+    @hidden_hook
     def enter(self, index: int) -> None:
         if self._open is not None:
             _close(self._open)
@@ -256,6 +258,7 @@ class _ModuleRanges:
             self._stacks.append(stack)
         return stack
 
+    @hidden_hook
     def _pre(self, module: Any, args: Any) -> None:
         if self._compiling():  # inside torch.compile's tracing: leave the graph alone
             return None
@@ -274,6 +277,7 @@ class _ModuleRanges:
         stack.append((module, rng))
         return None
 
+    @hidden_hook
     def _post(self, module: Any, args: Any, output: Any) -> None:
         if self._compiling():
             return None

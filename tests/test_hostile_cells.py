@@ -1,0 +1,220 @@
+"""Hostile cells and misuse, through a real IPython shell on real torch (issue 21).
+
+Each case here broke a magic once: a kernel killed, a user's profiler destroyed, a cell
+failing only under the magic, a report of hundreds of megabytes, the runner's frames in a
+traceback. The rule they check is the package's first promise: a cell behaves exactly as
+it would without the magic, whatever it holds, and nothing the user has is disturbed.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+MAGICS = ["%%memtrace -q", "%%gpuprofile -q"]
+
+
+def _sources(ip, magic: str) -> dict[int, str]:
+    if magic.startswith("%%memtrace"):
+        lines = ip.user_ns["_memtrace"].lines
+    else:
+        lines = ip.user_ns["_gpuprofile"].lines
+    return dict(zip(lines["line"].astype(int), lines["source"]))
+
+
+# -- line numbers: Python's line breaks, not str.splitlines()'s ---------------------------------
+
+
+@pytest.mark.parametrize("magic", MAGICS)
+def test_a_form_feed_line_does_not_shift_the_lines_after_it(ip, run, magic):
+    r = run(f"{magic}\na = 1\n\x0c\nb = 2\nc = 3\n")
+    assert r.result.success, r.stdout
+    assert _sources(ip, magic) == {2: "a = 1", 4: "b = 2", 5: "c = 3"}
+
+
+# IPython's own transform splits the cell with str.splitlines() and says so, for a plain cell too
+@pytest.mark.filterwarnings("ignore:`make_tokens_by_line` received a list of lines")
+@pytest.mark.parametrize("magic", MAGICS)
+def test_a_line_separator_inside_a_string_is_no_line_break(ip, run, magic):
+    assert run('s = "x\u2028y\u2029z\x85"\n').result.success  # a plain cell runs it
+    r = run(f'{magic}\ns = "x\u2028y\u2029z\x85"\nb = 2\n')
+    assert r.result.success, r.stdout
+    assert ip.user_ns["s"] == "x\u2028y\u2029z\x85"
+    assert _sources(ip, magic) == {2: 's = "x\u2028y\u2029z\x85"', 3: "b = 2"}
+
+
+# -- each statement's own source -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("magic", MAGICS)
+def test_statements_sharing_a_line_each_show_their_own_source(ip, run, magic):
+    r = run(f"{magic}\na = 1; b = 2\nfor i in range(2): c = i; d = c\nif a: e = 5\n")
+    assert r.result.success, r.stdout
+    if magic.startswith("%%memtrace"):
+        rows = ip.user_ns["_memtrace"].lines
+    else:
+        rows = ip.user_ns["_gpuprofile"].lines
+    assert list(rows["source"]) == ["a = 1", "b = 2", "for i in range(2):", "c = i", "d = c", "if a:", "e = 5"]
+
+
+def test_a_long_line_of_statements_gives_a_report_its_statements_size(ip, run):
+    """2,000 statements on one 26 KB line made a 104 MB %%memtrace report: every row carried
+    the whole line. Each row now carries its statement, so one line costs what 2,000 do."""
+    statements = [f"v{i} = {i}" for i in range(2000)]
+    sizes = {}
+    for layout, body in (("one line", "; ".join(statements)), ("one per line", "\n".join(statements))):
+        r = run(f"%%memtrace -q\n{body}\n")
+        assert r.result.success, r.stdout[-2000:]
+        bundle = ip.user_ns["_memtrace"]._repr_mimebundle_()
+        sizes[layout] = sum(len(v) for v in bundle.values() if isinstance(v, str))
+        assert ip.user_ns["_memtrace"].lines["source"].iloc[-1] == "v1999 = 1999"
+    assert sizes["one line"] < 2 * sizes["one per line"], sizes
+
+
+def test_a_long_line_of_statements_gives_a_profile_its_statements_size(ip, run):
+    statements = [f"v{i} = {i}" for i in range(300)]
+    sizes = {}
+    for layout, body in (("one line", "; ".join(statements)), ("one per line", "\n".join(statements))):
+        r = run(f"%%gpuprofile -q\n{body}\n")
+        assert r.result.success, r.stdout[-2000:]
+        bundle = ip.user_ns["_gpuprofile"]._repr_mimebundle_()
+        sizes[layout] = sum(len(v) for v in bundle.values() if isinstance(v, str))
+    assert sizes["one line"] < 2 * sizes["one per line"], sizes
+
+
+@pytest.mark.parametrize("magic", MAGICS)
+def test_a_huge_statement_is_cut_with_a_marker(ip, run, magic):
+    from gpumagic.cell import SOURCE_LIMIT
+
+    literal = "[" + ", ".join(str(i) for i in range(3000)) + "]"
+    r = run(f"{magic}\nbig = {literal}\nn = len(big)\n")
+    assert r.result.success, r.stdout[-2000:]
+    assert ip.user_ns["n"] == 3000
+    source = _sources(ip, magic)[2]
+    assert source.startswith("big = [0, 1, 2")
+    more = len(f"big = {literal}") - SOURCE_LIMIT
+    assert source.endswith(f" … ({more:,} more characters)")
+    assert len(source) < SOURCE_LIMIT + 40
+
+
+# -- compiled as IPython compiles a plain cell -----------------------------------------------------
+
+COMPILE_CASES = {
+    "a docstring, then a __future__ import": '"""A cell with a docstring."""\nfrom __future__ import annotations\ndef f(x: Undefined) -> int:\n    return 1\nresult = f(0)\n',
+    "global after an assignment": "gx = 1\nglobal gx\nresult = gx + 1\n",
+    "a __future__ import after a statement": "y = 1\nfrom __future__ import annotations\nresult = y\n",
+}
+
+
+@pytest.mark.parametrize("case", list(COMPILE_CASES))
+@pytest.mark.parametrize("magic", MAGICS)
+def test_a_cell_ipython_runs_runs_under_the_magic(ip, run, magic, case):
+    body = COMPILE_CASES[case]
+    plain = run(body)
+    assert plain.result.success, plain.stdout  # what IPython itself accepts
+    expected = ip.user_ns.pop("result")
+    r = run(f"{magic}\n{body}")
+    assert r.result.success, r.stdout
+    assert ip.user_ns["result"] == expected
+
+
+def test_a_syntax_error_still_stops_the_cell_before_its_first_line(ip, run):
+    ip.user_ns.pop("ran", None)
+    r = run("%%memtrace -q\nran = True\nreturn 5\n")
+    assert isinstance(r.result.error_in_exec, SyntaxError)
+    assert "ran" not in ip.user_ns
+
+
+# -- tracebacks: the cell's frames, as a plain cell shows them ------------------------------------
+
+
+def _frames(text: str) -> list[str]:
+    """The frame headers of a formatted traceback, in order ("Cell In[7], line 3", "File ...")."""
+    return re.findall(r"^\s*(Cell In\[\d+\], line \d+|File .*?:\d+)", text, re.M)
+
+
+def _below_the_cell(text: str) -> list[str]:
+    """The frames from the cell's own first frame (line 2 or later) down to the innermost."""
+    frames = _frames(text)
+    for k, frame in enumerate(frames):
+        m = re.match(r"Cell In\[\d+\], line (\d+)", frame)
+        if m and int(m.group(1)) >= 2:
+            return frames[k:]
+    raise AssertionError(f"no frame of the cell's body in:\n{text}")
+
+
+SELF_INTERRUPT = (
+    "import os, signal, threading\n"
+    "threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()\n"
+    "while True: pass\n"
+)
+FOR_HEADER = "d = {1: 1}\nfor k in d: d[k + 1] = 1\n"
+GENERATOR = "def gen():\n    yield 1\n    raise ValueError('from the generator')\nfor x in gen(): pass\n"
+
+
+@pytest.fixture(params=["Context", "Plain", "Verbose"])
+def xmode(ip, request):
+    ip.run_line_magic("xmode", request.param)
+    yield request.param
+    ip.run_line_magic("xmode", "Context")
+
+
+@pytest.mark.parametrize(
+    "cell, error, lines",
+    [
+        (SELF_INTERRUPT, KeyboardInterrupt, [4]),
+        (FOR_HEADER, RuntimeError, [3]),
+        (GENERATOR, ValueError, [5, 4]),  # the for line, then the generator's raise
+    ],
+    ids=["Ctrl-C in while True: pass", "dict changed in a for header", "a generator fails"],
+)
+@pytest.mark.parametrize("magic", ["%%memtrace", "%%gpuprofile -q"])
+def test_a_failing_cell_shows_the_frames_a_plain_cell_shows(ip, run, xmode, magic, cell, error, lines):
+    plain = run(cell)
+    assert isinstance(plain.result.error_in_exec, error)
+    r = run(f"{magic}\n{cell}")
+    assert isinstance(r.result.error_in_exec, error)
+    text = r.plain_stdout
+    below = _below_the_cell(text)
+    assert [_line(f) for f in below] == lines, text
+    # the plain cell's frames, one line up (it has no magic line)
+    assert [_line(f) for f in _frames(plain.plain_stdout)] == [n - 1 for n in lines]
+    if xmode == "Plain":  # every frame is listed: the magic machinery's above the cell too
+        assert not [f for f in below if "gpumagic" in f], text
+    else:
+        assert not [f for f in _frames(text) if "gpumagic" in f], text
+
+
+def _line(frame: str) -> int:
+    m = re.search(r"line (\d+)$", frame)
+    assert m, frame
+    return int(m.group(1))
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("this exception cannot be printed")
+
+
+class BadRepr:
+    def __repr__(self) -> str:
+        raise RuntimeError("this key cannot be printed")
+
+
+@pytest.mark.parametrize("cell", ["raise Unprintable()\n", "{}[BadRepr()]\n"], ids=["__str__ raises", "a key whose __repr__ raises"])
+@pytest.mark.parametrize("magic", ["%%memtrace", "%%gpuprofile"])
+def test_an_error_that_cannot_be_printed_shows_the_cells_frames_only(ip, magic, cell):
+    """Issue 21, item 7: the magics' own reading of the error must neither fail nor add frames."""
+    from IPython.utils.capture import capture_output
+
+    ip.user_ns.update(Unprintable=Unprintable, BadRepr=BadRepr)
+    # not stored in the history: IPython's history calls str() on the error itself
+    with capture_output() as cap:
+        result = ip.run_cell(f"{magic}\nx = 1\n{cell}", store_history=False)
+    assert isinstance(result.error_in_exec, (Unprintable, KeyError))
+    text = re.sub(r"\x1b\[[0-9;]*m", "", cap.stdout)
+    assert not [f for f in _frames(text) if "gpumagic" in f], text
+    assert _below_the_cell(text)[-1].endswith("line 3"), text
