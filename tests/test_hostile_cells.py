@@ -17,6 +17,11 @@ torch = pytest.importorskip("torch")
 MAGICS = ["%%memtrace -q", "%%gpuprofile -q"]
 
 
+@pytest.fixture(autouse=True)
+def _torch_imported(ip):
+    ip.user_ns["torch"] = torch
+
+
 def _sources(ip, magic: str) -> dict[int, str]:
     if magic.startswith("%%memtrace"):
         lines = ip.user_ns["_memtrace"].lines
@@ -218,3 +223,47 @@ def test_an_error_that_cannot_be_printed_shows_the_cells_frames_only(ip, magic, 
     text = re.sub(r"\x1b\[[0-9;]*m", "", cap.stdout)
     assert not [f for f in _frames(text) if "gpumagic" in f], text
     assert _below_the_cell(text)[-1].endswith("line 3"), text
+
+
+# -- user objects that misbehave ------------------------------------------------------------------
+
+LAZY_PROXY = """
+class LazySettings:
+    '''Like a lazy settings proxy: asking for its __class__ before setup raises.'''
+    @property
+    def __class__(self):
+        raise RuntimeError("settings are not configured")
+settings = LazySettings()
+"""
+
+
+@pytest.mark.parametrize("magic", ["%%memtrace", "%%gpuprofile"])
+def test_an_object_whose_class_raises_breaks_no_magic(ip, run, magic):
+    assert run(LAZY_PROXY).result.success
+    ip.user_ns.pop("_memtrace", None)
+    r = run(f"{magic} -q\nlin = torch.nn.Linear(4, 4)\nopt = torch.optim.SGD(lin.parameters(), lr=0.1)\ny = lin(torch.ones(2, 4)).sum()\ny.backward()\nz = 3\n")
+    assert r.result.success, r.stdout[-3000:]
+    assert ip.user_ns["z"] == 3
+    if magic == "%%memtrace":
+        lines = ip.user_ns["_memtrace"].lines
+        assert list(lines["line"]) == [2, 3, 4, 5, 6]
+        assert (lines["params_bytes"].dropna() > 0).all()  # the model is still measured
+        assert lines["params_bytes"].notna().any()
+    else:
+        assert "aten::addmm" in set(ip.user_ns["_gpuprofile"].ops["name"])
+        assert not ip.user_ns["_gpuprofile"].notes or all(
+            "could not" not in n for n in ip.user_ns["_gpuprofile"].notes
+        )
+
+
+def test_a_model_whose_parameters_raise_stops_only_the_model_split(ip, run):
+    r = run(
+        "%%memtrace -q\n"
+        "class Odd(torch.nn.Module):\n"
+        "    def parameters(self, recurse=True):\n"
+        "        raise RuntimeError('no parameters today')\n"
+        "odd = Odd()\n"
+        "x = torch.ones(1000)\n"
+    )
+    assert r.result.success, r.stdout[-3000:]
+    assert list(ip.user_ns["_memtrace"].lines["line"]) == [2, 5, 6]

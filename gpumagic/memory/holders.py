@@ -39,13 +39,21 @@ def _storage_key(t: Any) -> tuple[int, int]:
         return id(t), 0
 
 
+def is_a(value: Any, kinds: type | tuple[type, ...]) -> bool:
+    """``isinstance(value, kinds)`` for any object a namespace may hold: an object whose
+    ``__class__`` lookup raises (a lazy settings proxy, which isinstance consults after the
+    real type) is what its real type says; no user object may break the measurement."""
+    try:
+        return isinstance(value, kinds)
+    except Exception:
+        return issubclass(type(value), kinds)
+
+
 def _skip(name: str, value: Any) -> bool:
     return (
         name.startswith("_")
         or name in ("In", "Out", "exit", "quit", "get_ipython")
-        or isinstance(
-            value, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)
-        )
+        or is_a(value, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType))
     )
 
 
@@ -60,7 +68,7 @@ def named_tensors(namespace: Mapping[str, Any], keep: Callable[[Any], bool]) -> 
     items = [(k, v) for k, v in list(namespace.items()) if not _skip(k, v)]
 
     def emit(name: str, role: str, t: Any) -> Holder | None:
-        if not isinstance(t, Tensor) or not keep(t):
+        if not is_a(t, Tensor) or not keep(t):
             return None
         ptr, nbytes = _storage_key(t)
         if ptr in seen or nbytes == 0:
@@ -71,7 +79,7 @@ def named_tensors(namespace: Mapping[str, Any], keep: Callable[[Any], bool]) -> 
 
     param_names: dict[int, str] = {}
     for name, value in items:
-        if isinstance(value, Module):
+        if is_a(value, Module):
             for pname, p in value.named_parameters():
                 param_names.setdefault(id(p), f"{name}.{pname}")
                 if (h := emit(f"{name}.{pname}", "parameter", p)) is not None:
@@ -85,7 +93,7 @@ def named_tensors(namespace: Mapping[str, Any], keep: Callable[[Any], bool]) -> 
                 if (h := emit(f"{name}.{bname}", "buffer", b)) is not None:
                     yield h
     for name, value in items:
-        if isinstance(value, Optimizer):
+        if is_a(value, Optimizer):
             k = 0
             for group in value.param_groups:
                 for p in group["params"]:
@@ -102,7 +110,7 @@ def named_tensors(namespace: Mapping[str, Any], keep: Callable[[Any], bool]) -> 
                         ) is not None:
                             yield h
     for name, value in items:
-        if isinstance(value, Tensor):
+        if is_a(value, Tensor):
             role = "parameter" if isinstance(value, torch.nn.Parameter) else "tensor"
             if (h := emit(name, role, value)) is not None:
                 yield h
@@ -111,11 +119,11 @@ def named_tensors(namespace: Mapping[str, Any], keep: Callable[[Any], bool]) -> 
                 and (h := emit(f"{name}.grad", "gradient", value.grad)) is not None
             ):
                 yield h
-        elif isinstance(value, (list, tuple)) and len(value) <= _CONTAINER_MAX:
+        elif is_a(value, (list, tuple)) and len(value) <= _CONTAINER_MAX:
             for i, v in enumerate(value):
                 if (h := emit(f"{name}[{i}]", "tensor", v)) is not None:
                     yield h
-        elif isinstance(value, dict) and len(value) <= _CONTAINER_MAX:
+        elif is_a(value, dict) and len(value) <= _CONTAINER_MAX:
             for key, v in list(value.items()):
                 if (h := emit(f"{name}[{key!r}]", "tensor", v)) is not None:
                     yield h
@@ -141,11 +149,11 @@ def frame_tensors(
         for name, value in list(tb.tb_frame.f_locals.items()):
             values = (
                 value
-                if isinstance(value, (list, tuple)) and len(value) <= _CONTAINER_MAX
+                if is_a(value, (list, tuple)) and len(value) <= _CONTAINER_MAX
                 else (value,)
             )
             for k, v in enumerate(values):
-                if not isinstance(v, torch.Tensor) or not keep(v):
+                if not is_a(v, torch.Tensor) or not keep(v):
                     continue
                 ptr, nbytes = _storage_key(v)
                 if ptr in seen or nbytes == 0:
@@ -218,9 +226,7 @@ class ModelMemory:
         if torch is None:
             return False
         kinds = (torch.nn.Module, torch.optim.Optimizer)
-        return any(
-            isinstance(v, kinds) for k, v in list(namespace.items()) if not k.startswith("_")
-        )
+        return any(is_a(v, kinds) for k, v in list(namespace.items()) if not k.startswith("_"))
 
     def measure(self) -> tuple[int, int, int] | None:
         """(parameters, gradients, optimizer state) bytes; None when no model is in sight.
@@ -229,9 +235,7 @@ class ModelMemory:
         of a microsecond) rather than by storage objects; parameters, gradients and
         optimizer state are whole tensors, so the two agree."""
         kinds = (self._module_t, self._optim_t)
-        values = [
-            v for k, v in list(self._ns.items()) if not k.startswith("_") and isinstance(v, kinds)
-        ]
+        values = [v for k, v in list(self._ns.items()) if not k.startswith("_") and is_a(v, kinds)]
         if not values:
             return None
         keep = self._keep
@@ -248,12 +252,12 @@ class ModelMemory:
             return int(t.nbytes)
 
         for v in values:
-            if isinstance(v, self._module_t):
+            if is_a(v, self._module_t):
                 for p in v.parameters():
                     params += size(p)
                     grads += size(p.grad)
         for v in values:
-            if isinstance(v, self._optim_t):
+            if is_a(v, self._optim_t):
                 for group in v.param_groups:
                     for p in group["params"]:
                         params += size(p)

@@ -203,7 +203,12 @@ class MemoryTracer:
         if self._breakdown is not None and (
             self.hits[i] == 1 or now - self._last_breakdown_ns >= _BREAKDOWN_EVERY_NS
         ):
-            self.parts[i] = self._breakdown.measure()
+            try:
+                self.parts[i] = self._breakdown.measure()
+            except Exception:
+                # it walks the user's objects (a module's parameters()): whatever they
+                # raise must not fail the cell's next statement; the split stops here
+                self._breakdown = None
             self._last_breakdown_ns = time.perf_counter_ns()
 
     def _record(self, now: int, dev: Reading, index: int) -> None:
