@@ -9,6 +9,9 @@ it would without the magic, whatever it holds, and nothing the user has is distu
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -267,3 +270,153 @@ def test_a_model_whose_parameters_raise_stops_only_the_model_split(ip, run):
     )
     assert r.result.success, r.stdout[-3000:]
     assert list(ip.user_ns["_memtrace"].lines["line"]) == [2, 5, 6]
+
+
+# -- torch runs one profiler per process ---------------------------------------------------------
+
+_OWN_PROFILER = textwrap.dedent(
+    """
+    import json
+    import torch
+    from IPython.testing import globalipapp
+    globalipapp.start_ipython()
+    ip = globalipapp.get_ipython()
+    ip.run_cell("%load_ext gpumagic")
+    ip.run_cell("import torch")
+    cells = {
+        "torch.profiler": "with torch.profiler.profile() as p:\\n    y = torch.ones(5) * 2\\n",
+        "torch.autograd.profiler": "with torch.autograd.profiler.profile() as p:\\n    y = torch.ones(5) * 2\\n",
+        "legacy": "with torch.autograd.profiler_legacy.profile() as p:\\n    y = torch.ones(5) * 2\\n",
+        "started": "z = torch.ones(3) + 1\\np = torch.profiler.profile()\\np.start()\\ny = torch.ones(5) * 2\\np.stop()\\n",
+    }
+    out = {}
+    for name, cell in cells.items():
+        r = ip.run_cell("%%gpuprofile -q\\n" + cell)
+        notes = ip.user_ns["_gpuprofile"].notes if "_gpuprofile" in ip.user_ns else []
+        p = ip.user_ns["p"]
+        events = len(p.events() if hasattr(p, "events") else p.function_events)
+        ip.user_ns.pop("_gpuprofile", None)
+        after = ip.run_cell("%%gpuprofile -q\\nw = torch.ones(4) @ torch.ones(4)\\n")
+        out[name] = {
+            "success": r.success,
+            "error": repr(r.error_in_exec),
+            "events": events,
+            "notes": notes,
+            "next profile": after.success and "aten::dot" in set(ip.user_ns["_gpuprofile"].ops["name"]),
+            "profiler on": bool(torch.autograd._profiler_enabled()),
+        }
+    print(json.dumps(out))
+    """
+)
+
+
+def test_a_cell_with_its_own_profiler_runs_and_the_kernel_lives(tmp_path):
+    """Issue 21, item 1: a %%gpuprofile cell that ran its own torch profiler killed the
+    process (segfault in export_chrome_trace after "disableProfiler called but no active
+    profiling session found"). In a child process, so that a crash fails this test only."""
+    import json
+
+    script = tmp_path / "own_profiler.py"
+    script.write_text(_OWN_PROFILER)
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path
+    )
+    assert out.returncode == 0, (out.returncode, out.stderr[-3000:])
+    results = json.loads(out.stdout.strip().splitlines()[-1])
+    for name, got in results.items():
+        assert got["success"], (name, got)
+        assert got["events"] > 0, (name, got)  # the cell's own profiler recorded its work
+        assert any("started a torch profiler of its own at line" in n for n in got["notes"]), got
+        assert got["next profile"] and not got["profiler on"], (name, got)
+
+
+def test_a_running_profiler_is_named_and_left_running(ip, run, tmp_path, monkeypatch):
+    """Issue 21, item 2: a %%gpuprofile while the user's profiler ran ended it (0 events)."""
+    import tempfile
+
+    from IPython.core.error import UsageError
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert run("up = torch.profiler.profile()\nup.start()\n").result.success
+    try:
+        r = run("%%gpuprofile\nx = torch.ones(3) * 2\n")
+        err = r.result.error_in_exec
+        assert isinstance(err, UsageError), err
+        assert "`up`" in str(err) and "up.stop()" in str(err) and "one profiler per process" in str(err)
+        assert "x" not in ip.user_ns  # refused: the cell did not run
+        assert list(tmp_path.glob("gpumagic-*")) == []  # nothing was made
+    finally:
+        r = run("y = torch.ones(4) + 1\nup.stop()\nn = len(up.events())\n")
+    assert r.result.success and ip.user_ns["n"] > 0  # the user's profile is whole
+    assert not torch.autograd._profiler_enabled()
+
+
+def test_a_running_profiler_the_namespace_does_not_hold_is_refused_too(ip, run):
+    from IPython.core.error import UsageError
+
+    assert run("_hidden = torch.autograd.profiler.profile()\n_hidden.__enter__()\n").result.success
+    try:
+        r = run("%%gpuprofile\nx = 1\n")
+        assert isinstance(r.result.error_in_exec, UsageError)
+        assert "a torch profiler is running in this process" in str(r.result.error_in_exec)
+    finally:
+        run("_hidden.__exit__(None, None, None)\n")
+    assert run("%%gpuprofile -q\nx = 1\n").result.success
+
+
+# -- schedule arguments ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "options, says",
+    [
+        ("--wait -1", "--wait must be 0 or more"),
+        ("--warmup -2", "--warmup must be 0 or more"),
+        ("--active -1", "--active must be at least 1"),
+        ("--active 0", "--active must be at least 1"),
+        ("--wait 1 --active 0", "--active must be at least 1"),
+    ],
+)
+def test_a_schedule_torch_rejects_is_a_usage_error_that_leaves_nothing(ip, run, tmp_path, monkeypatch, options, says):
+    import tempfile
+
+    from IPython.core.error import UsageError
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    r = run(f"%%gpuprofile {options}\nx = 1\n")
+    err = r.result.error_in_exec
+    assert isinstance(err, UsageError), err
+    assert says in str(err) and "usage: %%gpuprofile" in str(err)
+    assert list(tmp_path.glob("gpumagic-*")) == []
+    assert not torch.autograd._profiler_enabled()
+
+
+# -- --stack and the user's profile function ------------------------------------------------------
+
+
+def test_stack_gives_the_users_profile_function_back(ip, run):
+    """Issue 21, item 11: torch's with_stack clears sys.setprofile's function when it stops."""
+    ip.user_ns["seen"] = []
+    assert run("import sys\ndef watch(frame, event, arg):\n    seen.append(event)\nsys.setprofile(watch)\n").result.success
+    try:
+        r = run("%%gpuprofile --stack -q\nx = torch.ones(3) * 2\n")
+        assert r.result.success, r.stdout[-3000:]
+        assert sys.getprofile() is ip.user_ns["watch"]
+        notes = ip.user_ns["_gpuprofile"].notes
+        assert any("sys.setprofile function (watch)" in n for n in notes), notes
+    finally:
+        sys.setprofile(None)
+
+
+def test_stack_gives_a_running_cprofile_back(ip, run):
+    import cProfile
+
+    profiler = cProfile.Profile()
+    ip.user_ns["profiler"] = profiler
+    profiler.enable()
+    try:
+        r = run("%%gpuprofile --stack -q\nx = torch.ones(3) * 2\n")
+        assert sys.getprofile() is profiler
+    finally:
+        profiler.disable()
+    assert r.result.success, r.stdout[-3000:]

@@ -61,6 +61,16 @@ def leftovers() -> dict[str, object]:
             if t.name.startswith(("gpumagic-live", "gpumagic-rss-sampler")) and t.is_alive()
         ),
         "builtins hooks": sorted(n for n in vars(builtins) if n.startswith("_gpumagic_")),
+        # the watch for a profiler the cell starts (profile/record/exclusive.py)
+        "torch's profiler entry points wrapped": sorted(
+            f"{m.__name__}.{name}"
+            for m, name in (
+                (torch.autograd.profiler, "_prepare_profiler"),
+                (torch.autograd.profiler, "_run_on_profiler_start"),
+                (torch.autograd.profiler_legacy, "_enable_profiler_legacy"),
+            )
+            if getattr(m, name).__module__.startswith("gpumagic")
+        ),
         "SIGINT handler": signal.getsignal(signal.SIGINT),
     }
 

@@ -198,7 +198,7 @@ class ProfileMagics(Magics):
             )
         except ImportError as exc:
             raise PARSER.usage_error(f"%%gpuprofile needs torch: {exc}") from None
-        except RecordError as exc:  # a %%gpuprofile inside another
+        except (RecordError, ValueError) as exc:  # one inside another; a bad schedule
             raise PARSER.usage_error(str(exc)) from None
         mode = "off" if opts.quiet else None
         view = LiveView(lambda: profile_live_html(run.status()), delay=1.0, interval=1.0, mode=mode)

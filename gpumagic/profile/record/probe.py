@@ -67,6 +67,19 @@ def range_factory() -> tuple[Callable[[str], Any], str]:
     return record_function, "torch.autograd.profiler.record_function"
 
 
+class _NoRange:
+    """A statement range that records nothing: the probe after :meth:`CodeProbe.hand_over`."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NO_RANGE = _NoRange()
+
+
 def _close(rng: Any) -> None:
     try:
         rng.__exit__(None, None, None)
@@ -152,6 +165,22 @@ class CodeProbe:
         finally:
             if self.modules is not None:
                 self.modules.remove()
+
+    def hand_over(self) -> int | None:
+        """The profiler passes to one the cell starts (see :mod:`.exclusive`): close the
+        open range, remove the module hooks, and open no range from now on (they would land
+        in the cell's own profile). Returns the line of the statement running (None between
+        statements)."""
+        line = None
+        for statement, rng in zip(self.statements, self._ranges):
+            if rng is self._open:
+                line = statement.line
+                break
+        try:
+            self.stop()
+        finally:
+            self._ranges = [_NO_RANGE] * len(self._ranges)
+        return line
 
     def labels(self) -> CodeLabels:
         """What the range keys stand for: sources, and module names from the namespace now."""

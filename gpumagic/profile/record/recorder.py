@@ -19,6 +19,7 @@ import os
 import re
 import secrets
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -27,7 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpumagic.profile.record.exclusive import Handover
+
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from gpumagic.profile.trace.model import Trace
 
 _current: Recorder | None = None
@@ -70,6 +75,17 @@ class RecordOptions:
     def scheduled(self) -> bool:
         return self.active is not None or self.wait is not None or self.warmup is not None
 
+    def validate(self) -> None:
+        """ValueError for a schedule ``torch.profiler.schedule`` rejects (with a bare
+        AssertionError, once the profiler is half set up) or would record differently
+        from what was asked (``active=0`` cannot record: it is no "record nothing")."""
+        for name in ("wait", "warmup"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"--{name} must be 0 or more, not {value}")
+        if self.active is not None and self.active < 1:
+            raise ValueError(f"--active must be at least 1 (steps to record), not {self.active}")
+
 
 class Recorder:
     """One profiled cell: ``start()``, the cell runs (calling :func:`step`), ``stop()``, then
@@ -95,6 +111,15 @@ class Recorder:
         self._owns_profiler = False  # torch's start() was called with no profiler on before
         self._dir: Path | None = None  # made by start(), removed by cleanup()
         self._trace: Path | None = None
+        # The cell starting a torch profiler of its own ends this recording there (see
+        # exclusive.py); ``before_handover`` runs first (the probe closes its ranges).
+        self.before_handover: Callable[[], None] | None = None
+        self._handover: Handover | None = None
+        self.handed_over_at_step: int | None = None  # steps marked when the cell took over
+        # --stack: torch's Python tracer replaces this thread's sys.setprofile function
+        # while it records and clears it when it stops; the user's is put back
+        self._user_profile: Any = None
+        self.profile_function_restored = ""  # the restored function's name, for a note
 
     @property
     def marked_steps(self) -> bool:
@@ -146,18 +171,48 @@ class Recorder:
             with_flops=opts.flops,
         )
         self._owns_profiler = not _profiler_on()
+        if opts.stack:
+            self._user_profile = sys.getprofile()
+        self._handover = Handover(self._hand_over)
         _start_quietly(self._prof)
         self._started = True
         self.started = time.perf_counter()
+        self._handover.install()
         return self
+
+    @property
+    def handed_over(self) -> bool:
+        """The cell started a torch profiler of its own, which ended this recording."""
+        return self.handed_over_at_step is not None
 
     def step(self) -> None:
         self.steps += 1
-        self._prof.step()
+        if self.handed_over or self._handover is None:
+            return  # the profiler is the cell's now: its steps are not ours to take
+        with self._handover.owner():  # a schedule's step starts torch's profiler: ours
+            self._prof.step()
         if self.device_stopped_at is None and _device_stopped(self._prof):
             # Kineto stopped device collection (CUPTI buffers full, a device error): torch
             # wrote the trace so far and records nothing more this cell; notes() says so
             self.device_stopped_at = self.steps
+
+    def _hand_over(self) -> None:
+        """The cell is starting a torch profiler of its own (see exclusive.py): stop
+        recording now, cleanly, so that its profiler starts on a process with none running
+        and this one's trace keeps what it recorded so far."""
+        self.handed_over_at_step = self.steps
+        try:
+            if self.before_handover is not None:
+                self.before_handover()
+        finally:
+            try:
+                if self._started:
+                    self._synchronize_other_devices()
+                    self._prof.stop()
+            except Exception as exc:
+                self.stop_error = f"{type(exc).__name__}: {exc}"
+            finally:
+                self._owns_profiler = False  # what runs from now on is the cell's
 
     def _on_ready(self, prof: Any) -> None:
         assert self._dir is not None
@@ -170,7 +225,7 @@ class Recorder:
         """Stop the profiler (always, also after an error) and return the trace written."""
         failure: Exception | None = None
         try:
-            if self._started:
+            if self._started and not self.handed_over:
                 self._synchronize_other_devices()
                 self._prof.stop()
         except Exception as exc:
@@ -191,6 +246,12 @@ class Recorder:
             self.stop_error = reason
         if self._trace is None or not self._trace.exists():
             opts = self.options
+            if self.handed_over:
+                raise RecordError(
+                    "nothing was recorded: the cell started a torch profiler of its own "
+                    "before %%gpuprofile recorded anything (torch runs one profiler per "
+                    "process; the cell's own profiler ran as it would without the magic)"
+                )
             if opts.scheduled:
                 need = (opts.wait or 0) + (opts.warmup or 0) + 1
                 raise RecordError(
@@ -232,9 +293,14 @@ class Recorder:
 
     def _release_profiler(self) -> None:
         global _current
+        if self._handover is not None:
+            self._handover.remove()
         if self._owns_profiler:
             _disable_profiler()
             self._owns_profiler = False
+        if self._user_profile is not None:
+            self.profile_function_restored = _restore_profile_function(self._user_profile)
+            self._user_profile = None
         with _lock:
             if _current is self:
                 _current = None
@@ -293,8 +359,16 @@ class Recorder:
             )
         if self.stop_error:
             out.append(f"The profiler failed to stop cleanly ({self.stop_error}).")
+        if self.profile_function_restored:
+            out.append(
+                f"--stack: torch's Python tracer replaced this thread's sys.setprofile "
+                f"function ({self.profile_function_restored}) while the cell ran, and "
+                "cleared it when it stopped; it is set again."
+            )
         expected = self._expected_steps()
-        if self.device_stopped_at is not None:
+        if self.handed_over:
+            pass  # the steps after the cell took the profiler were never ours to record
+        elif self.device_stopped_at is not None:
             out.append(
                 f"The profiler stopped collecting device activity early, at step "
                 f"{self.device_stopped_at} of the {self.steps} the cell marked (Kineto's buffers "
@@ -394,6 +468,22 @@ def _start_quietly(prof: Any) -> None:
     finally:
         os.environ.pop("KINETO_LOG_LEVEL", None)
         _kineto_started = True
+
+
+def _restore_profile_function(saved: Any) -> str:
+    """Set ``saved`` (what ``sys.getprofile()`` gave) again where the profile function is
+    now unset; its name, or "" when nothing was set. A ``cProfile.Profile`` is no callable
+    (it installs a C-level function): it is enabled again instead."""
+    if sys.getprofile() is not None:
+        return ""  # the cell set one of its own: it stays
+    try:
+        if callable(saved):
+            sys.setprofile(saved)
+        else:
+            saved.enable()
+    except Exception:
+        return ""
+    return getattr(saved, "__qualname__", None) or type(saved).__name__
 
 
 def _device_stopped(prof: Any) -> bool:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpumagic.cell import Statement, error_text
+from gpumagic.profile.record.exclusive import running_profiler
 from gpumagic.profile.record.finish import Finished, finish, reason
 from gpumagic.profile.record.probe import CodeProbe
 from gpumagic.profile.record.recorder import Recorder, RecordError, RecordOptions, current
@@ -43,8 +44,11 @@ class ProfileRun:
     there; ``keep_first``: keep the first marked step in the step statistics.
 
     Raises :class:`~.recorder.RecordError` when a profiled cell is running already (a
-    ``%%gpuprofile`` inside another) and ImportError without torch, before anything is
-    acquired.
+    ``%%gpuprofile`` inside another) or another torch profiler is (torch runs one per
+    process: starting this one would end it, see :mod:`.exclusive`), ValueError for a
+    schedule torch rejects, and ImportError without torch, before anything is acquired.
+    A profiler the cell itself starts ends this recording there, and the cell's runs as it
+    would without the magic (a note says so).
     """
 
     def __init__(
@@ -62,6 +66,10 @@ class ProfileRun:
 
         if current() is not None:
             raise RecordError("a %%gpuprofile cell is already being profiled")
+        busy = running_profiler(namespace)
+        if busy is not None:
+            raise RecordError(busy)
+        options.validate()
         self.namespace = namespace
         self.name = name
         self.trace_path = trace_path
@@ -70,6 +78,8 @@ class ProfileRun:
         self.probe = CodeProbe(statements, namespace) if attribute else None
         self._problems: list[str] = []  # what went wrong stopping
         self._trace: Path | None = None
+        self._handover_line: int | None = None
+        self.recorder.before_handover = self._before_handover
 
     # -- the lifecycle ---------------------------------------------------------------------
     def start(self) -> CodeProbe | None:
@@ -93,6 +103,18 @@ class ProfileRun:
             except Exception as exc:  # RecordError, or what torch raised stopping
                 self._problems.append(reason(exc))
 
+    def _before_handover(self) -> None:
+        if self.probe is not None:
+            self._handover_line = self.probe.hand_over()
+
+    def _handover_note(self) -> str:
+        where = f" at line {self._handover_line}" if self._handover_line is not None else ""
+        return (
+            f"The cell started a torch profiler of its own{where}. torch runs one profiler "
+            "per process, so %%gpuprofile stopped recording there and left the profiler to "
+            "the cell, whose own profile is whole: this one covers the cell up to that point."
+        )
+
     def finish(self, error: BaseException | None) -> Finished:
         done = Finished()
         if self._trace is not None:
@@ -111,6 +133,8 @@ class ProfileRun:
                     f"the profile could not be built ({type(exc).__name__}: {exc})"
                 )
         done.problems[:0] = self._problems
+        if self.recorder.handed_over and done.result is not None:
+            done.result.notes.insert(0, self._handover_note())
         done.cell_error = error_text(error) if error is not None else ""
         return done
 
