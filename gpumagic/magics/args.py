@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import keyword
 import re
 import shlex
 import tokenize
@@ -28,6 +29,14 @@ class MagicParser(argparse.ArgumentParser):
 
     def usage_error(self, message: str) -> UsageError:
         return UsageError(f"{self.prog}: {message}\n{self.format_usage().rstrip()}")
+
+    def check_variable(self, option: str, name: str | None) -> None:
+        """A ``UsageError`` unless ``name`` (given with ``option``) is a variable code can
+        read: ``-o class`` or ``-o None`` pass ``str.isidentifier()``, yet a result stored
+        under a keyword is out of every cell's reach."""
+        if name is not None and (not name.isidentifier() or keyword.iskeyword(name)):
+            why = "a Python keyword" if keyword.iskeyword(name) else "not an identifier"
+            raise self.usage_error(f"{option} {name!r}: not a valid variable name ({why})")
 
     def parse_line(self, line: str) -> argparse.Namespace:
         """Parse a whole line of options (a cell magic's first line)."""

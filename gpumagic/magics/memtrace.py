@@ -99,6 +99,5 @@ def _parse(line: str, cell: str | None) -> tuple[Any, str, str | None]:
     else:
         opts = PARSER.parse_line(line)
         source, header = cell, f"%%memtrace {line}".rstrip()
-    if opts.output is not None and not opts.output.isidentifier():
-        raise PARSER.usage_error(f"-o {opts.output!r}: not a valid variable name")
+    PARSER.check_variable("-o", opts.output)
     return opts, source, header

@@ -120,9 +120,8 @@ class ProfileMagics(Magics):
         """
         __tracebackhide__ = True
         opts = PARSER.parse_line(without_silencer(line) if cell is None else line)
-        for name in (opts.output, opts.name):
-            if name is not None and not name.isidentifier():
-                raise PARSER.usage_error(f"{name!r}: not a valid name")
+        PARSER.check_variable("-o", opts.output)
+        PARSER.check_variable("-n", opts.name)
         if opts.rows < 1:
             raise PARSER.usage_error("--rows must be at least 1")
         if cell is None:

@@ -90,6 +90,7 @@ class WatchMagics(Magics):
 
         # "%gpuwatch stop ;": IPython passes the ";" on and drops the Out[] itself.
         opts = PARSER.parse_line(without_silencer(line))
+        PARSER.check_variable("-o", opts.output)  # before a stop: a bad name stops nothing
         if opts.action == "start":
             try:
                 watcher = watch(
@@ -114,8 +115,6 @@ class WatchMagics(Magics):
             return None
         if opts.action == "status":
             return running.status()
-        if opts.output is not None and not opts.output.isidentifier():
-            raise PARSER.usage_error(f"-o {opts.output!r}: not a valid variable name")
         result = running.stop()
         ns = self.shell.user_ns  # type: ignore[union-attr]
         ns["_gpuwatch"] = result
