@@ -68,6 +68,10 @@ REGISTRY: dict[str, tuple[str, str]] = {
         "b2ff87b29bd604b0c30bca65915af4388b53a7f421f0897c68a7862e1559b6e5",
         _HTA + "cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz",
     ),
+    "mtia_single_rank.json.gz": (
+        "74786104b3c45f02b805a5c346a8202c3ecc318a566a65e0b47c56d706374f80",
+        _HTA + "mtia_trace_single_rank/mtia_rank_0.json.gz",
+    ),
     "mi250_rocm_minitoy.json.gz": (
         "39fdab670f9e80a05ccc6d0d07611b3aeba1092fa10681d8dd08cea48d0488b5",
         _HTA + "amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz",

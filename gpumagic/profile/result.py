@@ -46,8 +46,10 @@ class ProfileResult(Rendered):
         # defaults. %gpuprofile --load --rows N sets it on the result it returns.
         self.display_rows: int | None = None
         # What the recording itself tells about the trace (no GPU events although CUDA was
-        # recorded; the profiler stopped collecting early), shown above the report.
-        self.notes: list[str] = []
+        # recorded; the profiler stopped collecting early), and what the traces' own events
+        # say (an accelerator read through another's categories, device work that cannot be
+        # timed), shown above the report; each once, for all ranks.
+        self.notes: list[str] = list(dict.fromkeys(n for a in analyses for n in a.trace.notes))
 
     # --- ranks -----------------------------------------------------------------------
 

@@ -106,6 +106,10 @@ def test_traces_without_nccl_kernels_have_no_device_communication(load, name):
     if name == "cpu_only.json.gz":  # gloo: the all-reduce spans are the communication
         assert r.summary["communication_overlap_percent"] == 0.0
         assert list(r.collectives["name"]) == ["all_reduce"]
+    elif name == "mtia_single_rank.json.gz":  # MTIA's CPU group is gloo: 48 barriers
+        assert r.summary["communication_overlap_percent"] == 0.0
+        assert list(r.collectives["name"]) == ["barrier"]
+        assert list(r.collectives["backend"]) == ["gloo"]
     else:
         assert r.breakdown.loc["Communication", "us"] == 0
         assert r.summary["communication_overlap_percent"] is None

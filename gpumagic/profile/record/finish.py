@@ -127,7 +127,7 @@ def _analyse(
     out.result.name = name
     st = out.result.primary.steps
     in_trace = len(st) + int(st.first_left_out) + st.dropped
-    out.result.notes = recorder.notes(
+    out.result.notes[:0] = recorder.notes(
         out.result.primary.trace, in_trace if st.source == "ProfilerStep" else 0
     ) + (probe.notes if probe is not None else [])
     # analyse now, so a failure is told here and not by a traceback in the report

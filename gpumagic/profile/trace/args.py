@@ -22,6 +22,7 @@ class GpuArgs(msgspec.Struct, gc=False):
     blocks_per_sm: float = msgspec.field(default=math.nan, name="blocks per SM")
     occupancy: float = msgspec.field(default=math.nan, name="est. achieved occupancy %")
     nbytes: int = msgspec.field(default=-1, name="bytes")
+    size: int = -1  # an MTIA DMA transfer's bytes
 
 
 class RuntimeArgs(msgspec.Struct, gc=False):

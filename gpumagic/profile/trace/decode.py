@@ -27,10 +27,11 @@ import msgspec
 import numpy as np
 
 from gpumagic.profile.trace.args import GpuArgs, MemoryArgs, RuntimeArgs, decode_args
+from gpumagic.profile.trace.categories import event_kinds, trace_notes
 from gpumagic.profile.trace.errors import TraceError
+from gpumagic.profile.trace.flows import correlate_by_flows
 from gpumagic.profile.trace.model import (
     HOST,
-    IGNORED,
     KERNEL,
     MEMCPY,
     MEMSET,
@@ -56,6 +57,7 @@ from gpumagic.profile.trace.spans import (
     classify,
     torch_module_keys,
 )
+from gpumagic.profile.trace.timestamps import rebase
 
 
 # Events are a tagged union on "ph", so flow arrows and metadata (a third of a Kineto
@@ -88,41 +90,21 @@ class _Ignored(msgspec.Struct, gc=False, tag_field="ph", tag="M"):
     pass
 
 
-class _Flow(msgspec.Struct, gc=False, tag_field="ph", tag="s"):
-    """A flow arrow, decoded with its fields only when launches must be matched by it."""
-
-    cat: str = ""
-    id: int | str = -1
-    ts: float = 0.0
-
-
-class _FlowStep(_Flow, tag="t"):
-    pass
-
-
-class _FlowEnd(_Flow, tag="f"):
-    pass
-
-
 def _ignored(tag: str) -> type:
     return msgspec.defstruct(f"_Ignored_{ord(tag)}", [], bases=(_Ignored,), tag=tag)
 
 
 # Every other phase of the Chrome trace format: counters, async and object events,
-# metadata, B/E pairs (Kineto writes complete "X" events, never B/E), and, in the main
-# pass, flow arrows: correlation ids link launches to kernels without them.
+# metadata, B/E pairs (Kineto writes complete "X" events, never B/E), and flow arrows:
+# correlation ids link launches to kernels without them (flows.py reads them when not).
 _OTHER_PHASES = ["B", "E", "C", "b", "n", "e", "P", "O", "N", "D", "V", "v", "R", "c", "(", ")"]
 _IGNORED_OTHER = tuple(_ignored(ph) for ph in _OTHER_PHASES)
 _IGNORED_FLOWS = tuple(_ignored(ph) for ph in ("s", "t", "f"))
-_IGNORED_MAIN = tuple(_ignored(ph) for ph in ("X", "i", "I"))
 _EVENT_TYPES = (_Complete, _Instant, _InstantUpper, _Ignored, *_IGNORED_OTHER, *_IGNORED_FLOWS)
-_FLOW_TYPES = (_Flow, _FlowStep, _FlowEnd, _Ignored, *_IGNORED_OTHER, *_IGNORED_MAIN)
-if TYPE_CHECKING:  # the unions are built at run time; msgspec reads them, mypy cannot
+if TYPE_CHECKING:  # the union is built at run time; msgspec reads it, mypy cannot
     _EventUnion = Any
-    _FlowUnion = Any
 else:
     _EventUnion = Union[_EVENT_TYPES]  # noqa: UP007 - a Union of a tuple built above
-    _FlowUnion = Union[_FLOW_TYPES]  # noqa: UP007
 
 
 class _Device(msgspec.Struct):
@@ -154,13 +136,6 @@ class _TraceFile(msgspec.Struct):
 # A bare JSON array of events is also a valid Chrome trace.
 _DECODER = msgspec.json.Decoder(_TraceFile | list[_EventUnion])
 
-
-class _FlowFile(msgspec.Struct):
-    traceEvents: list[_FlowUnion]
-
-
-_FLOW_DECODER = msgspec.json.Decoder(_FlowFile | list[_FlowUnion])
-
 _CAT = attrgetter("cat")
 _NAME = attrgetter("name")
 _PID = attrgetter("pid")
@@ -168,23 +143,6 @@ _TID = attrgetter("tid")
 _TS = attrgetter("ts")
 _DUR = attrgetter("dur")
 _ARGS = attrgetter("args")
-_CATEGORY_KIND = {
-    "cpu_op": HOST,
-    "operator": HOST,
-    "user_annotation": HOST,
-    "python": HOST,
-    "cuda_runtime": RUNTIME,
-    "runtime": RUNTIME,
-    # Triton and other JITs launch through the driver API (cuLaunchKernel).
-    "cuda_driver": RUNTIME,
-    "kernel": KERNEL,
-    "gpu_memcpy": MEMCPY,
-    "memcpy": MEMCPY,
-    "gpu_memset": MEMSET,
-    "memset": MEMSET,
-    "cuda_sync": SYNC,
-    "python_function": PYTHON,
-}
 
 
 # --- reading bytes -----------------------------------------------------------------------
@@ -310,10 +268,10 @@ def _thread_codes(pids: list[int | str], tids: list[int | str]) -> np.ndarray:
 def decode_trace(data: bytes, source: str) -> Trace:
     """Decode a trace's JSON text (see :func:`read_trace_bytes`) into a :class:`Trace`."""
     complete, instants, meta = _events(data, source)
-    # Classify by category, looked up once per distinct category string.
+    time_base = rebase(data, complete, instants)  # exact ts where floats lost digits
     cats = Names.of(list(map(_CAT, complete)))
-    kind_of = np.array([_CATEGORY_KIND.get(c.lower(), IGNORED) for c in cats.values], dtype=np.int8)
-    kinds = kind_of[cats.codes] if len(kind_of) else np.zeros(0, np.int8)
+    kinds = event_kinds(cats, list(map(_NAME, complete)))
+    notes = trace_notes(cats, kinds)
     host, code, runtime = _host_side(complete, kinds, meta.labels)
     gpu_rows = _rows(kinds, KERNEL, MEMCPY, MEMSET)
     gpu = _gpu_events(_take(complete, gpu_rows), kinds[gpu_rows])
@@ -321,7 +279,7 @@ def decode_trace(data: bytes, source: str) -> Trace:
     memory = _memory_events(instants)
     del complete, instants
     if (gpu.correlation < 0).any() and len(runtime.ts):
-        _correlate_by_flows(data, gpu, runtime)
+        correlate_by_flows(data, gpu, runtime, time_base)
     start, end, n_kept = _extent(source, code, (host, runtime, gpu, syncs))
     dist = meta.distributed
     return Trace(
@@ -337,6 +295,8 @@ def decode_trace(data: bytes, source: str) -> Trace:
         start=start,
         end=end,
         events=n_kept,
+        notes=notes,
+        time_base=time_base,
         backend=dist.backend if dist is not None else None,
         group_sizes=_group_sizes(dist.pg_config) if dist is not None else [],
         code=code,
@@ -538,7 +498,9 @@ def _gpu_events(sub: list[_Complete], kinds: np.ndarray) -> GpuEvents:
         correlation=_ints(map(attrgetter("correlation"), args), n),
         blocks_per_sm=_floats(map(attrgetter("blocks_per_sm"), args), n),
         occupancy=_floats(map(attrgetter("occupancy"), args), n),
-        nbytes=_ints(map(attrgetter("nbytes"), args), n),
+        nbytes=np.maximum(
+            _ints(map(attrgetter("nbytes"), args), n), _ints(map(attrgetter("size"), args), n)
+        ),
     )
 
 
@@ -561,29 +523,3 @@ def _memory_events(sub: list[_Instant]) -> MemoryEvents:
         total_allocated=_floats(map(attrgetter("total_allocated"), args), n),
         total_reserved=_floats(map(attrgetter("total_reserved"), args), n),
     )
-
-
-_LAUNCH_FLOWS = {"ac2g", "async", "async_cpu_to_gpu"}
-
-
-def _correlate_by_flows(data: bytes, gpu: GpuEvents, runtime: RuntimeEvents) -> None:
-    """Fill missing GPU correlations from launch flow arrows (``ph`` s/f sharing an ``id``).
-
-    Some writers omit ``args.correlation`` but keep the arrows: the start sits on the
-    runtime call and the finish on the GPU event, each at that event's timestamp. Rare,
-    so the flows are decoded in a second pass only then.
-    """
-    decoded = _FLOW_DECODER.decode(data)
-    events = decoded if isinstance(decoded, list) else decoded.traceEvents
-    launch = [f for f in events if isinstance(f, _Flow) and f.cat.lower() in _LAUNCH_FLOWS]
-    start_ts = {f.id: f.ts for f in launch if f.__class__ is _Flow}
-    finish_id = {f.ts: f.id for f in launch if f.__class__ is _FlowEnd}
-    rt_at = {float(t): i for i, t in enumerate(runtime.ts.tolist())}
-    for g in np.flatnonzero(gpu.correlation < 0).tolist():
-        fid = finish_id.get(float(gpu.ts[g]))
-        r = rt_at.get(start_ts[fid]) if fid is not None and fid in start_ts else None
-        if r is None:
-            continue
-        if runtime.correlation[r] < 0:
-            runtime.correlation[r] = 10**15 + r  # unique: real ids are far smaller
-        gpu.correlation[g] = runtime.correlation[r]

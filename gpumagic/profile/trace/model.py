@@ -147,10 +147,13 @@ class Trace:
     gpu: GpuEvents
     syncs: SyncEvents
     memory: MemoryEvents
-    start: float  # first event start, µs since the epoch the trace uses
+    start: float  # first event start, µs since time_base
     end: float  # last event end
     events: int  # duration events kept
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the report says before its numbers
+    # µs on the trace's own clock where every ts counts from: 0, unless the trace's clock
+    # is the epoch and its ts carry nanoseconds a float64 cannot hold there (timestamps.py)
+    time_base: int = 0
     backend: str | None = None  # distributedInfo.backend: "nccl", "gloo", ...
     group_sizes: list[int] = field(default_factory=list)  # distributedInfo.pg_config sizes
     # the cell's statement ranges and nn.Module spans, out of ``host`` (see spans.py)
