@@ -214,10 +214,14 @@ class BadRepr:
 
 @pytest.mark.parametrize("cell", ["raise Unprintable()\n", "{}[BadRepr()]\n"], ids=["__str__ raises", "a key whose __repr__ raises"])
 @pytest.mark.parametrize("magic", ["%%memtrace", "%%gpuprofile"])
-def test_an_error_that_cannot_be_printed_shows_the_cells_frames_only(ip, magic, cell):
-    """Issue 21, item 7: the magics' own reading of the error must neither fail nor add frames."""
+def test_an_error_that_cannot_be_printed_shows_the_cells_frames_only(ip, magic, cell, monkeypatch):
+    """Issue 21, item 7: the magics' own reading of the error must neither fail, nor add
+    frames, nor leave the live view's thread running."""
+    import threading
+
     from IPython.utils.capture import capture_output
 
+    monkeypatch.setenv("GPUMAGIC_LIVE", "display")  # live views with their threads, as in a kernel
     ip.user_ns.update(Unprintable=Unprintable, BadRepr=BadRepr)
     # not stored in the history: IPython's history calls str() on the error itself
     with capture_output() as cap:
@@ -226,6 +230,7 @@ def test_an_error_that_cannot_be_printed_shows_the_cells_frames_only(ip, magic, 
     text = re.sub(r"\x1b\[[0-9;]*m", "", cap.stdout)
     assert not [f for f in _frames(text) if "gpumagic" in f], text
     assert _below_the_cell(text)[-1].endswith("line 3"), text
+    assert not [t for t in threading.enumerate() if t.name.startswith("gpumagic-live") and t.is_alive()]
 
 
 # -- user objects that misbehave ------------------------------------------------------------------
