@@ -27,17 +27,19 @@ model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 64)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 """
 
-# Each step also waits 15 ms, standing in for the GPU's share of a real step: a fixed time
+# Each step also waits 40 ms, standing in for the GPU's share of a real step: a fixed time
 # whatever the load on the test machine, so one process (32 ms of loading per batch) stalls
 # the step and four workers (a batch every 8 ms between them; sleeping workers need no core)
-# keep up.
+# keep up. On a loaded machine the workers also wait for a CPU to build and send each
+# batch: with 15 ms steps they fell behind (49.9% against 75.1% one run), 40 ms leave them
+# room, while one process still waits for every batch.
 TRAIN = """\
 for x, y in loader:
     loss = torch.nn.functional.cross_entropy(model(x), y)
     opt.zero_grad()
     loss.backward()
     opt.step()
-    time.sleep(0.015)
+    time.sleep(0.04)
     gpumagic.step()
 """
 
