@@ -22,11 +22,20 @@ import numpy as np
 from gpumagic.device_kinds import CUDA
 from gpumagic.monitor import metrics as M
 from gpumagic.monitor.alerts import cell_note
-from gpumagic.monitor.cost import fmt_usd, fmt_wh
 from gpumagic.monitor.result import device_values, utilization_of
 from gpumagic.render.html import PALETTE, Rendered, escape, kv, table, text_table, wrap
 from gpumagic.render.svg import Band, Chart, Series, render_small_multiples
-from gpumagic.units import fmt_bytes, fmt_percent, fmt_us
+from gpumagic.units import (
+    fmt_bytes,
+    fmt_celsius,
+    fmt_mhz,
+    fmt_percent,
+    fmt_seconds,
+    fmt_us,
+    fmt_usd,
+    fmt_watts,
+    fmt_wh,
+)
 
 if TYPE_CHECKING:
     from gpumagic.monitor.cells import CellRecord
@@ -46,26 +55,6 @@ MAX_POINTS = CHART_W - 52
 _CELL_BAND = "rgba(59, 125, 216, 0.10)"
 _RUNNING_BAND = "rgba(240, 173, 78, 0.22)"
 _FAILED_BAND = "rgba(217, 83, 79, 0.14)"
-
-
-# -- formatting ----------------------------------------------------------------------------
-def fmt_celsius(v: float | None) -> str:
-    return "–" if v is None or math.isnan(v) else f"{v:.0f} °C"
-
-
-def fmt_watts(v: float | None) -> str:
-    return "–" if v is None or math.isnan(v) else f"{v:.0f} W"
-
-
-def fmt_mhz(v: float | None) -> str:
-    return "–" if v is None or math.isnan(v) else f"{v:.0f} MHz"
-
-
-def fmt_seconds(s: float) -> str:
-    # Whole minutes read as "5 min" (fmt_us would say "5 min 0 s" for the default window).
-    if s >= 120 and float(s).is_integer() and s % 60 == 0:
-        return f"{int(s) // 60} min"
-    return fmt_us(s * 1e6)
 
 
 def _clock(t: float) -> str:
