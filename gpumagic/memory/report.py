@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from gpumagic.memory.tracer import TraceTotals
+    from gpumagic.render.sections import Report
 
 LINE_COLUMNS = [
     "line",
@@ -201,6 +202,18 @@ class MemTrace(Rendered):
             self._lines = df
         return self._lines
 
+    @property
+    def failed_line(self) -> int | None:
+        """The cell's line whose statement raised (None when the cell completed)."""
+        return self.statements[self.error_index].line if self.error_index >= 0 else None
+
+    @property
+    def heaviest(self) -> list[bool]:
+        """Per row of :attr:`lines`: whether it is one of the heaviest statements (the
+        largest peaks and allocations, when not trivial), the rows the table highlights."""
+        hot = self._hot()
+        return [s.index in hot for s in self._ran()]
+
     def _ran(self) -> list[Statement]:
         return [s for s in self.statements if self.hits[s.index] > 0]
 
@@ -244,12 +257,7 @@ class MemTrace(Rendered):
         return ax
 
     # -- display (gpumagic.render.memtrace) -------------------------------------------------------
-    def _text(self) -> str:
-        from gpumagic.render.memtrace import memtrace_text
+    def _report(self) -> Report:
+        from gpumagic.render.memtrace import memtrace_report
 
-        return memtrace_text(self)
-
-    def _html(self) -> str:
-        from gpumagic.render.memtrace import memtrace_html
-
-        return memtrace_html(self)
+        return memtrace_report(self)

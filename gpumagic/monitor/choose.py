@@ -41,6 +41,8 @@ from gpumagic.units import fmt_bytes, fmt_percent, parse_size
 if TYPE_CHECKING:
     import pandas as pd
 
+    from gpumagic.render.sections import Report
+
 GIB = 1024**3
 VISIBLE = "CUDA_VISIBLE_DEVICES"
 ORDER = "CUDA_DEVICE_ORDER"
@@ -251,15 +253,10 @@ class GpuChoice(Rendered):
             frame["rank"] = frame["rank"].astype("Int64")
         return frame
 
-    def _text(self) -> str:
-        from gpumagic.render.select import choice_text
+    def _report(self) -> Report:
+        from gpumagic.render.select import choice_report
 
-        return choice_text(self)
-
-    def _html(self) -> str:
-        from gpumagic.render.select import choice_html
-
-        return choice_html(self)
+        return choice_report(self)
 
 
 def _sort_key(c: Candidate) -> tuple[int, float, float, int]:

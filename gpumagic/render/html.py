@@ -3,12 +3,21 @@
 Everything the package shows in HTML sits inside one ``<div class="gpumagic ...">``
 so notebook checks and browser tests can find it, and so the stylesheet below is
 scoped and never leaks into the user's notebook.
+
+Untrusted notebooks (every notebook someone else saved), GitHub and nbviewer drop
+``<style>`` blocks and keep ``style=`` attributes. So the styling that carries meaning
+(alignment, highlighted rows, bars, warning boxes, colour swatches) is inline, from the
+constants below; the stylesheet adds spacing, fonts and borders on top.
 """
 
 from __future__ import annotations
 
 import html as _html
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpumagic.render.sections import Report
 
 # Colours chosen to read on light and dark JupyterLab themes alike.
 PALETTE = {
@@ -18,6 +27,24 @@ PALETTE = {
     "accent": "#3b7dd8",
     "muted": "#888888",
 }
+
+# Inline styles for what must survive a sanitiser (see the module's docstring).
+ALIGN_STYLE = {
+    "left": "text-align:left",
+    "right": "text-align:right",
+    "code": "text-align:left;white-space:pre;font-family:var(--jp-code-font-family,monospace)",
+}
+ROW_STYLE = {"hot": "background:rgba(217,83,79,0.10)", "error": "background:rgba(217,83,79,0.28)"}
+BOX_STYLE = {
+    "box": "border-left:3px solid #d9534f;padding:4px 10px;margin:6px 0;"
+    "background:rgba(217,83,79,0.06)",
+    "info": "border-left:3px solid #3b7dd8;padding:4px 10px;margin:6px 0;"
+    "background:rgba(59,125,216,0.06)",
+}
+NOTE_STYLE = "color:#888"
+# label: value pairs in a wrapping row; without the gap they run together
+KV_STYLE = "display:flex;flex-wrap:wrap;gap:4px 18px;margin:4px 0 6px 0"
+WARN_STYLE = "color:#b94a48"
 
 STYLE = """
 <style>
@@ -69,15 +96,21 @@ def bar(fraction: float, color: str, width_px: int = 80) -> str:
     if px == 0 and fraction > 0:
         px = 1
     return (
-        f'<span class="gm-barcell" style="width:{width_px}px">'
-        f'<span class="gm-bar" style="width:{px}px;background:{color}"></span></span>'
+        f'<span class="gm-barcell" style="display:inline-block;width:{width_px}px;text-align:left">'
+        f'<span class="gm-bar" style="display:inline-block;height:9px;vertical-align:middle;'
+        f'width:{px}px;background:{color}"></span></span>'
     )
+
+
+def swatch(color: str) -> str:
+    """A coloured square naming a category, as in a chart's legend."""
+    return f'<span style="color:{color}">■</span>'
 
 
 def kv(items: Iterable[tuple[str, str]]) -> str:
     """A compact row of ``label: value`` pairs (values are already-escaped HTML)."""
     cells = "".join(f"<span>{escape(k)}: <b>{v}</b></span>" for k, v in items)
-    return f'<div class="gm-kv">{cells}</div>'
+    return f'<div class="gm-kv" style="{KV_STYLE}">{cells}</div>'
 
 
 # Click-to-sort for tables given sort keys. Inline in each header so it needs no script
@@ -164,13 +197,18 @@ def text_table(
 
 
 class Rendered:
-    """Mixin: one mime bundle with text/plain and text/html from ``_text()`` and ``_html()``."""
+    """Mixin: one mime bundle with text/plain and text/html. A result declares its report
+    once in ``_report()`` (see :mod:`gpumagic.render.sections`) and both forms come from it;
+    a one-line object may write ``_text()`` and ``_html()`` instead."""
 
-    def _text(self) -> str:  # pragma: no cover - overridden
+    def _report(self) -> Report:  # pragma: no cover - overridden
         raise NotImplementedError
 
-    def _html(self) -> str:  # pragma: no cover - overridden
-        raise NotImplementedError
+    def _text(self) -> str:
+        return self._report().text()
+
+    def _html(self) -> str:
+        return self._report().html()
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         return {"text/plain": self._text(), "text/html": self._html()}
