@@ -108,7 +108,7 @@ def fmt_named(key: str, value: object) -> str:
         return fmt_percent(value)
     if isinstance(value, float) and math.isnan(value):
         return "–"
-    return f"{value:,}" if isinstance(value, int) or value.is_integer() else f"{value:g}"
+    return f"{int(value):,}" if isinstance(value, int) or value.is_integer() else f"{value:g}"
 
 
 def _whole(value: float | None, unit: str) -> str:

@@ -111,7 +111,7 @@ def test_a_value_named_by_its_unit() -> None:
     assert fmt_named("saving_us_per_step", 3200) == "3.2 ms"
     assert fmt_named("copied_bytes", 2 * MIB) == "2.0 MiB"
     assert fmt_named("gpu_utilization_percent", 12.5) == "12%"
-    assert fmt_named("calls", 1234) == "1,234" and fmt_named("ratio", 0.25) == "0.25"
+    assert fmt_named("calls", 1234) == "1,234" and fmt_named("per_step", 1462.0) == "1,462" and fmt_named("ratio", 0.25) == "0.25"
     assert fmt_named("kernel", "sgemm") == "sgemm" and fmt_named("calls", None) == "–"
 
 

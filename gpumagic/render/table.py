@@ -36,6 +36,11 @@ def fmt_text(value: Any) -> str:
     return str(value)
 
 
+def finite(fmt: Callable[[Any], str]) -> Callable[[Any], str]:
+    """``fmt`` for a value that may be missing or infinite, which shows as "–"."""
+    return lambda v: fmt(v) if v is not None and math.isfinite(v) else "–"
+
+
 def cut(text: str, chars: int | None) -> str:
     """``text`` cut to ``chars`` characters, the last one an ellipsis (kernel names run to
     thousands of characters)."""
