@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from gpumagic.monitor.cost import CostState
     from gpumagic.monitor.devices import WatchedDevice
     from gpumagic.monitor.snapshot import Snapshot
+    from gpumagic.render.sections import Report
 
 UNITS: dict[str, str] = {m.key: m.unit for m in M.METRICS} | {
     "duration_us": "µs",
@@ -108,15 +109,17 @@ class WatchStatus:
                 return entry
         raise KeyError(f"{device!r}: devices are {[e['device'] for e in self.devices]}")
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        from gpumagic.render.watch import status_html, status_text
+    def _report(self) -> Report:
+        from gpumagic.render.watch_status import status_report
 
-        return {"text/plain": status_text(self), "text/html": status_html(self)}
+        return status_report(self)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        report = self._report()
+        return {"text/plain": report.text(), "text/html": report.html()}
 
     def __repr__(self) -> str:
-        from gpumagic.render.watch import status_text
-
-        return status_text(self)
+        return self._report().text()
 
 
 class WatchResult:
@@ -234,15 +237,17 @@ class WatchResult:
             frame = frame.drop(columns=[*_GPU_CELL_COLUMNS, _UTILIZATION_OF])
         return _add_cost_columns(frame, self.snapshot, self.has_gpus)
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        from gpumagic.render.watch import result_html, result_text
+    def _report(self) -> Report:
+        from gpumagic.render.watch_summary import result_report
 
-        return {"text/plain": result_text(self), "text/html": result_html(self)}
+        return result_report(self)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        report = self._report()
+        return {"text/plain": report.text(), "text/html": report.html()}
 
     def __repr__(self) -> str:
-        from gpumagic.render.watch import result_text
-
-        return result_text(self)
+        return self._report().text()
 
 
 def _process_frame(snapshot: Snapshot) -> pd.DataFrame:

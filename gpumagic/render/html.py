@@ -86,6 +86,12 @@ def escape(value: object) -> str:
     return _html.escape(str(value), quote=True)
 
 
+def escape_text(value: object) -> str:
+    """HTML-escape text that goes between tags (never into an attribute): ``&``, ``<`` and
+    ``>`` only, so prose keeps its apostrophes as typed."""
+    return _html.escape(str(value), quote=False)
+
+
 def wrap(kind: str, body: str, style: bool = True) -> str:
     """Wrap a report body in the package's scoped container: ``class="gpumagic gpumagic-<kind>"``."""
     return f'<div class="gpumagic gpumagic-{escape(kind)}">{STYLE if style else ""}{body}</div>'

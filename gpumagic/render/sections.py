@@ -18,7 +18,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from gpumagic.render.html import BOX_STYLE, KV_STYLE, NOTE_STYLE, WARN_STYLE, escape, wrap
+from gpumagic.render.html import (
+    BOX_STYLE,
+    KV_STYLE,
+    NOTE_STYLE,
+    WARN_STYLE,
+    escape,
+    escape_text,
+    wrap,
+)
 
 Form = Literal["text", "html"]
 
@@ -100,7 +108,7 @@ class Paragraph:
     def html(self) -> str:
         if not self.text_:
             return ""
-        return _block(self.kind, escape(self.text_), self.css)
+        return _block(self.kind, escape_text(self.text_), self.css)
 
 
 def _block(
