@@ -13,7 +13,6 @@ constants below; the stylesheet adds spacing, fonts and borders on top.
 from __future__ import annotations
 
 import html as _html
-from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -115,95 +114,6 @@ def swatch(color: str) -> str:
     return f'<span style="color:{color}">■</span>'
 
 
-def kv(items: Iterable[tuple[str, str]]) -> str:
-    """A compact row of ``label: value`` pairs (values are already-escaped HTML)."""
-    cells = "".join(f"<span>{escape(k)}: <b>{v}</b></span>" for k, v in items)
-    return f'<div class="gm-kv" style="{KV_STYLE}">{cells}</div>'
-
-
-# Click-to-sort for tables given sort keys. Inline in each header so it needs no script
-# element and no global name: where the front end runs trusted output's handlers
-# (JupyterLab, classic Notebook, VS Code for outputs made in the session) a click sorts
-# by that column, descending then ascending; where it does not (an untrusted notebook),
-# the table simply stays in its server-side order (largest time first).
-_SORT_JS = (
-    "var th=this,t=th.closest('table'),b=t.tBodies[0],i=Array.prototype.indexOf.call(th.parentNode.children,th),"
-    "d=th.getAttribute('data-dir')==='d'?'a':'d',r=Array.prototype.slice.call(b.rows);"
-    "th.setAttribute('data-dir',d);r.sort(function(x,y){var p=x.cells[i].getAttribute('data-v'),"
-    "q=y.cells[i].getAttribute('data-v'),m=parseFloat(p),n=parseFloat(q),"
-    "k=(isNaN(m)||isNaN(n))?String(p).localeCompare(String(q)):m-n;return d==='d'?-k:k;});"
-    "r.forEach(function(e){b.appendChild(e);});"
-)
-
-
-def table(
-    headers: Sequence[str],
-    rows: Iterable[Sequence[str]],
-    *,
-    left: Sequence[int] = (),
-    code: Sequence[int] = (),
-    row_classes: Sequence[str] | None = None,
-    title_attr: Sequence[str | None] | None = None,
-    sort_keys: Sequence[Sequence[object]] | None = None,
-) -> str:
-    """A table whose cells are already HTML. ``left``/``code`` name column indexes to align left
-    or show as code; ``row_classes`` gives a CSS class per row (``gm-hot``, ``gm-error``);
-    ``sort_keys`` (one raw value per cell: numbers in base units, or text) makes the headers
-    click-to-sort."""
-    sortable = sort_keys is not None
-    onclick = f' onclick="{escape(_SORT_JS)}" title="click to sort"' if sortable else ""
-    head = "".join(
-        f'<th class="{"gm-left" if i in left or i in code else ""}"{onclick}>{escape(h)}</th>'
-        for i, h in enumerate(headers)
-    )
-    body = []
-    for r, row in enumerate(rows):
-        cls = row_classes[r] if row_classes is not None and r < len(row_classes) else ""
-        keys = sort_keys[r] if sort_keys is not None and r < len(sort_keys) else None
-        tds = []
-        for i, cell in enumerate(row):
-            klass = "gm-code" if i in code else ("gm-left" if i in left else "")
-            title = ""
-            if title_attr is not None and i in code and r < len(title_attr) and title_attr[r]:
-                title = f' title="{escape(title_attr[r])}"'
-            value = (
-                f' data-v="{escape(_sort_value(keys[i]))}"'
-                if keys is not None and i < len(keys)
-                else ""
-            )
-            tds.append(f'<td class="{klass}"{title}{value}>{cell}</td>')
-        body.append(f'<tr class="{cls}">{"".join(tds)}</tr>')
-    klass = "gm-table gm-sortable" if sortable else "gm-table"
-    return f'<table class="{klass}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
-
-
-def _sort_value(value: object) -> str:
-    if isinstance(value, float) and value != value:  # NaN sorts as missing, last
-        return ""
-    return str(value)
-
-
-def text_table(
-    headers: Sequence[str], rows: Iterable[Sequence[str]], left: Sequence[int] = ()
-) -> str:
-    """Plain-text table for terminals, columns padded to their widest cell."""
-    rows = [list(r) for r in rows]
-    widths = [len(h) for h in headers]
-    for row in rows:
-        for i, cell in enumerate(row):
-            widths[i] = max(widths[i], len(cell))
-
-    def fmt(row: Sequence[str]) -> str:
-        parts = []
-        for i, cell in enumerate(row):
-            parts.append(cell.ljust(widths[i]) if i in left else cell.rjust(widths[i]))
-        return "  ".join(parts).rstrip()
-
-    lines = [fmt(headers), "  ".join("-" * w for w in widths)]
-    lines.extend(fmt(r) for r in rows)
-    return "\n".join(lines)
-
-
 class Rendered:
     """Mixin: one mime bundle with text/plain and text/html. A result declares its report
     once in ``_report()`` (see :mod:`gpumagic.render.sections`) and both forms come from it;
@@ -235,5 +145,5 @@ class Note(Rendered):
         return self.text
 
     def _html(self) -> str:
-        css = "gm-box" if self.box else "gm-note"
-        return wrap(self.kind, f'<div class="{css}">{escape(self.text)}</div>')
+        css, style = ("gm-box", BOX_STYLE["box"]) if self.box else ("gm-note", NOTE_STYLE)
+        return wrap(self.kind, f'<div class="{css}" style="{style}">{escape_text(self.text)}</div>')

@@ -8,7 +8,7 @@ every second, over the last window; the summary at the stop draws the whole watc
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -82,6 +82,81 @@ def _bands(
     return bands
 
 
+ChartOf = Callable[..., Chart]  # (title, series, **Chart fields) -> a chart on the shared axis
+
+
+def _pct(v: float) -> str:
+    return f"{v:.0f}%"
+
+
+def _top(values: np.ndarray) -> float | None:
+    top = _max(values)
+    return None if math.isnan(top) else top
+
+
+def _gpu_row(label: str, v: np.ndarray, x: np.ndarray, chart: ChartOf) -> list[Chart]:
+    util, mutil = v[:, M.UTIL_GPU], v[:, M.UTIL_MEM]
+    used, total, proc = v[:, M.MEM_USED], v[:, M.MEM_TOTAL], v[:, M.PROC_MEM]
+    temp, power, limit = v[:, M.TEMPERATURE], v[:, M.POWER_DRAW], v[:, M.POWER_LIMIT]
+    return [
+        chart(
+            f"{label} util {fmt_percent(_latest(util))} (mem {fmt_percent(_latest(mutil))})",
+            [
+                _series("memory util", x, mutil, PALETTE["muted"]),
+                _series("util", x, util, PALETTE["accent"], fill=True),
+            ],
+            y_max=100.0,
+            y_format=_pct,
+        ),
+        chart(
+            f"memory {fmt_bytes(_latest(used))} (this kernel {fmt_bytes(_latest(proc))})",
+            [
+                _series("used", x, used, PALETTE["accent"], fill=True),
+                _series("this kernel", x, proc, PALETTE["alloc"]),
+            ],
+            y_max=_top(total),
+            y_format=fmt_bytes,
+        ),
+        chart(
+            f"temperature {fmt_celsius(_latest(temp))}",
+            [_series("temperature", x, temp, PALETTE["peak"])],
+            y_min=None,
+            y_format=fmt_celsius,
+        ),
+        chart(
+            f"power {ratio(_latest(power), _latest(limit), fmt_watts)}",
+            [_series("power", x, power, PALETTE["free"], fill=True)],
+            y_max=_top(np.concatenate([power, limit])),
+            y_format=fmt_watts,
+        ),
+    ]
+
+
+def _host_row(v: np.ndarray, x: np.ndarray, chart: ChartOf) -> list[Chart]:
+    cpu, pcpu = v[:, M.HOST_CPU], v[:, M.PROC_CPU]
+    used, total, rss = v[:, M.HOST_MEM_USED], v[:, M.HOST_MEM_TOTAL], v[:, M.PROC_RSS]
+    return [
+        chart(
+            f"host CPU {fmt_percent(_latest(cpu))} (this kernel {fmt_percent(_latest(pcpu))})",
+            [
+                _series("host", x, cpu, PALETTE["accent"], fill=True),
+                _series("this kernel", x, pcpu, PALETTE["alloc"]),
+            ],
+            y_max=100.0,
+            y_format=_pct,
+        ),
+        chart(
+            f"host RAM {ratio(_latest(used), _latest(total), fmt_bytes)}",
+            [
+                _series("used", x, used, PALETTE["accent"], fill=True),
+                _series("this kernel", x, rss, PALETTE["alloc"]),
+            ],
+            y_max=_top(total),
+            y_format=fmt_bytes,
+        ),
+    ]
+
+
 def _charts(snap: Snapshot, live: bool) -> list[list[Chart]]:
     """One list of charts per device row (GPUs first, then the host)."""
     if live:
@@ -106,90 +181,15 @@ def _charts(snap: Snapshot, live: bool) -> list[list[Chart]]:
 
     def chart(title: str, series: list[Series], **kw: Any) -> Chart:
         return Chart(
-            series,
-            width=width,
-            height=height,
-            title=title,
-            y_label=caption,
-            x_min=x_lo,
-            x_max=x_hi,
-            bands=bands,
-            **kw,
+            series, width, height, title, caption, x_min=x_lo, x_max=x_hi, bands=bands, **kw
         )
 
-    def pct(v: float) -> str:
-        return f"{v:.0f}%"
-
-    rows: list[list[Chart]] = []
-    for row, device in enumerate(snap.devices):
-        v = snap.values[:, row, :]
-        if device.kind == CUDA:
-            util, mutil = v[:, M.UTIL_GPU], v[:, M.UTIL_MEM]
-            used, total, proc = v[:, M.MEM_USED], v[:, M.MEM_TOTAL], v[:, M.PROC_MEM]
-            temp, power, limit = v[:, M.TEMPERATURE], v[:, M.POWER_DRAW], v[:, M.POWER_LIMIT]
-            mem_top = _max(total)
-            power_top = _max(np.concatenate([power, limit]))
-            rows.append(
-                [
-                    chart(
-                        f"{device.label} util {fmt_percent(_latest(util))} (mem {fmt_percent(_latest(mutil))})",
-                        [
-                            _series("memory util", x, mutil, PALETTE["muted"]),
-                            _series("util", x, util, PALETTE["accent"], fill=True),
-                        ],
-                        y_max=100.0,
-                        y_format=pct,
-                    ),
-                    chart(
-                        f"memory {fmt_bytes(_latest(used))} (this kernel {fmt_bytes(_latest(proc))})",
-                        [
-                            _series("used", x, used, PALETTE["accent"], fill=True),
-                            _series("this kernel", x, proc, PALETTE["alloc"]),
-                        ],
-                        y_max=None if math.isnan(mem_top) else mem_top,
-                        y_format=fmt_bytes,
-                    ),
-                    chart(
-                        f"temperature {fmt_celsius(_latest(temp))}",
-                        [_series("temperature", x, temp, PALETTE["peak"])],
-                        y_min=None,
-                        y_format=lambda t: f"{t:.0f} °C",
-                    ),
-                    chart(
-                        f"power {ratio(_latest(power), _latest(limit), fmt_watts)}",
-                        [_series("power", x, power, PALETTE["free"], fill=True)],
-                        y_max=None if math.isnan(power_top) else power_top,
-                        y_format=lambda w: f"{w:.0f} W",
-                    ),
-                ]
-            )
-        else:
-            cpu, pcpu = v[:, M.HOST_CPU], v[:, M.PROC_CPU]
-            used, total, rss = v[:, M.HOST_MEM_USED], v[:, M.HOST_MEM_TOTAL], v[:, M.PROC_RSS]
-            ram_top = _max(total)
-            rows.append(
-                [
-                    chart(
-                        f"host CPU {fmt_percent(_latest(cpu))} (this kernel {fmt_percent(_latest(pcpu))})",
-                        [
-                            _series("host", x, cpu, PALETTE["accent"], fill=True),
-                            _series("this kernel", x, pcpu, PALETTE["alloc"]),
-                        ],
-                        y_max=100.0,
-                        y_format=pct,
-                    ),
-                    chart(
-                        f"host RAM {ratio(_latest(used), _latest(total), fmt_bytes)}",
-                        [
-                            _series("used", x, used, PALETTE["accent"], fill=True),
-                            _series("this kernel", x, rss, PALETTE["alloc"]),
-                        ],
-                        y_max=None if math.isnan(ram_top) else ram_top,
-                        y_format=fmt_bytes,
-                    ),
-                ]
-            )
-    return rows
+    return [
+        _gpu_row(device.label, snap.values[:, row, :], x, chart)
+        if device.kind == CUDA
+        else _host_row(snap.values[:, row, :], x, chart)
+        for row, device in enumerate(snap.devices)
+    ]
 
 
 def chart_block(snap: Snapshot, live: bool) -> str:
