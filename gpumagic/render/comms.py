@@ -65,7 +65,7 @@ def _collectives_table(r: ProfileResult, rows: int) -> Table:
 def _split_table(r: ProfileResult) -> Table:
     """The Distributed View's split per step, per rank where there are several (their
     means per step and the overlap share)."""
-    if len(r.analyses) > 1:
+    if r.summary["ranks"] > 1:
         rows = [
             {
                 "": f"rank {row['rank']}",
@@ -149,7 +149,7 @@ def communication_sections(r: ProfileResult, rows: int) -> list[Section]:
             "during which computation runs); per step, the TensorBoard plugin's Distributed View",
         ),
         KeyValues(headline_items(r)),
-        Figure(overlap_svg(r)),
+        Figure(lambda: overlap_svg(r)),
         split if r.summary["ranks"] > 1 else only("text", split),
     ]
     frame = r.collectives

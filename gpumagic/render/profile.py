@@ -452,7 +452,7 @@ def profile_report(r: ProfileResult, rows: int = 15) -> Report:
         *communication_sections(r, rows),
         # the breakdown table above holds the text form's numbers
         only("html", Heading("Steps", "each step's breakdown, scaled to the longest")),
-        Figure(timeline_svg(r)),
+        Figure(lambda: timeline_svg(r)),
         *_idle_sections(r, min(rows, 10)),
         *_ops_sections(r, rows),
         *_kernels_sections(r, rows),

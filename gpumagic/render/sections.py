@@ -14,7 +14,7 @@ Meaningful styling is inline (``style=``), as in :mod:`gpumagic.render.table`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -146,17 +146,18 @@ class Bullets:
 
 @dataclass
 class Figure:
-    """A chart: its HTML (SVG, bars), and the lines the text form shows instead (none when
-    the tables around it already hold its numbers)."""
+    """A chart: its HTML (SVG, bars; or a function drawing it, so the text form never pays
+    for it), and the lines the text form shows instead (none when the tables around it
+    already hold its numbers)."""
 
-    html_: str
+    html_: str | Callable[[], str]
     text_: Sequence[str] = ()
 
     def text(self) -> list[str]:
         return list(self.text_)
 
     def html(self) -> str:
-        return self.html_
+        return self.html_() if callable(self.html_) else self.html_
 
 
 @dataclass

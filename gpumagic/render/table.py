@@ -155,7 +155,8 @@ class Table:
             ]
             return "  ".join(parts).rstrip()
 
-        return [line(headers), "  ".join("-" * w for w in widths), *(line(r) for r in body)]
+        rule = "  ".join("-" * w for w in widths).rstrip()
+        return [line(headers), rule, *(line(r) for r in body)]
 
     def html(self) -> str:
         onclick = f' onclick="{escape(_SORT_JS)}" title="click to sort"' if self.sortable else ""

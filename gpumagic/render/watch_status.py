@@ -29,7 +29,7 @@ def live_report(snap: Snapshot) -> Report:
         *panel.alerts([a.message for a in snap.alerts]),
         *panel.devices(snap),
         *panel.running(snap),
-        Figure(chart_block(snap, live=True)),
+        Figure(lambda: chart_block(snap, live=True)),
         *panel.notes(snap.notes),
     ]
     return Report("watch", "gpuwatch", panel.subtitle(snap, live=True), sections)

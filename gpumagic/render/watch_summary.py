@@ -118,7 +118,7 @@ def result_report(result: WatchResult) -> Report:
     sections: list[Section] = [
         *panel.reason(snap),
         *panel.alerts(_seen_alerts(result)),
-        Figure(chart_block(snap, live=False)),
+        Figure(lambda: chart_block(snap, live=False)),
     ]
     if snap.cells:
         sections += [_cells_table(result), *_cell_advice(result)]
