@@ -54,11 +54,14 @@ def fmt_us(us: float | int | None, signed: bool = False) -> str:
     return f"{sign}{int(minutes)} min {seconds:.0f} s"
 
 
-def fmt_percent(p: float | None, signed: bool = False) -> str:
+def fmt_percent(p: float | None, signed: bool = False, digits: int | None = None) -> str:
+    """``3.1%``, ``42%``: one decimal under 10 (``digits`` fixes it: 0 for a chart's axis)."""
     if p is None or (isinstance(p, float) and math.isnan(p)):
         return "–"
     sign = "+" if signed and p > 0 else ""
-    return f"{sign}{p:.1f}%" if abs(p) < 10 else f"{sign}{p:.0f}%"
+    if digits is None:
+        digits = 1 if abs(p) < 10 else 0
+    return f"{sign}{p:.{digits}f}%"
 
 
 def fmt_gbps(gbps: float | None) -> str:
@@ -79,6 +82,13 @@ def fmt_count(n: float | int | None) -> str:
     if n is None or (isinstance(n, float) and math.isnan(n)):
         return "–"
     return f"{int(n):,}"
+
+
+def fmt_text(value: object) -> str:
+    """Any value as text, "–" for a missing one (None, NaN)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return str(value)
 
 
 def fmt_number(value: float | None) -> str:

@@ -19,6 +19,7 @@ from gpumagic.units import (
     fmt_percent,
     fmt_pp,
     fmt_seconds,
+    fmt_text,
     fmt_us,
     fmt_usd,
     fmt_watts,
@@ -90,6 +91,7 @@ def test_sizes_durations_and_shares_read_at_a_glance() -> None:
     assert fmt_us(3200) == "3.2 ms" and fmt_us(250) == "250 µs" and fmt_us(-1500, signed=True) == "-1.5 ms"
     assert fmt_us(150e6) == "2 min 30 s"
     assert fmt_percent(3.14159) == "3.1%" and fmt_percent(42.0, signed=True) == "+42%"
+    assert fmt_percent(0.0, digits=0) == "0%" and fmt_text(None) == "–" and fmt_text(3) == "3"
     assert fmt_pp(-22.7) == "-22.7 pp" and fmt_number(2.5) == "2.50" and fmt_number(12.4) == "12"
 
 

@@ -55,7 +55,7 @@ def _collectives_table(r: ProfileResult, rows: int) -> Table:
         Column("device", "device_us", lambda v: fmt_us(v) if v > 0 else "–"),
         Column("host", "host_us", fmt_us),
         Column("size/call", "bytes_per_call", finite(fmt_bytes)),
-        Column("ranks", "group_size", finite(lambda v: f"{v:.0f}")),
+        Column("ranks", "group_size", finite(fmt_count)),
         Column("algbw", "algbw_gbps", fmt_gbps),
         Column("busbw", "busbw_gbps", fmt_gbps),
     ]

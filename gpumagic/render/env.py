@@ -14,8 +14,8 @@ from gpumagic.render.sections import (
     Report,
     Section,
 )
-from gpumagic.render.table import Column, Table, fmt_text
-from gpumagic.units import fmt_bytes
+from gpumagic.render.table import Column, Table
+from gpumagic.units import fmt_bytes, fmt_text
 
 if TYPE_CHECKING:
     from gpumagic.environment.checks import Finding

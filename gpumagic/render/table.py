@@ -22,18 +22,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gpumagic.render.html import ALIGN_STYLE, ROW_STYLE, bar, escape, swatch
+from gpumagic.units import fmt_text
 
 Align = Literal["left", "right", "code"]
 # The text form marks highlighted rows only in tables that ask for it (``Table.marks``): most
 # tables already say it in a column ("chosen", "failed", "(slowest)").
 _MARKS = {"hot": "*", "error": "!"}
-
-
-def fmt_text(value: Any) -> str:
-    """The default formatter: the value as text, "–" for a missing one."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    return str(value)
 
 
 def finite(fmt: Callable[[Any], str]) -> Callable[[Any], str]:

@@ -86,7 +86,7 @@ ChartOf = Callable[..., Chart]  # (title, series, **Chart fields) -> a chart on 
 
 
 def _pct(v: float) -> str:
-    return f"{v:.0f}%"
+    return fmt_percent(v, digits=0)
 
 
 def _top(values: np.ndarray) -> float | None:
