@@ -155,7 +155,9 @@ class Table:
     def html(self) -> str:
         onclick = f' onclick="{escape(_SORT_JS)}" title="click to sort"' if self.sortable else ""
         head = "".join(
-            f"<th{_align_attrs(c.align)}{onclick}>{escape(c.header)}</th>" for c in self.columns
+            f"<th{_align_attrs('left' if c.align == 'code' else c.align)}{onclick}>"
+            f"{escape(c.header)}</th>"
+            for c in self.columns
         )
         body = []
         for row, raws, kind in zip(self.rows, self._raws(), self._kinds()):
