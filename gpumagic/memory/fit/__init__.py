@@ -1,0 +1,1 @@
+"""``%%memfit`` core: will a cell fit on a GPU, predicted by a dry run on fake tensors."""

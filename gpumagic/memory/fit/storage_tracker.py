@@ -1,0 +1,250 @@
+"""The interim engine behind :class:`~.accounting.TensorAccounting`: every tensor storage
+the cell's operations make, counted once, by category and module, at the dispatcher.
+
+How it counts (torch 2.13; the same scheme as torch's
+``torch.distributed._tools.mem_tracker.MemTracker``, pytorch#124688, without its per-module
+snapshots):
+
+* A ``TorchDispatchMode`` sees every operation's outputs; a storage it has not seen is an
+  allocation of ``nbytes`` rounded up to ``round_to``. Views share their base's storage, so
+  nothing is counted twice. A weak reference to the storage's Python object (preserved by
+  torch as long as the storage lives) says when it is freed. Fake tensors have storages too,
+  which is what lets a dry run be counted like a real one.
+* Tensors that existed before (the namespace's parameters, gradients, optimizer state,
+  batches) are registered before the first statement; a storage first met as an operation's
+  input (a tensor made outside the dispatcher, ``torch.from_numpy``) from then on.
+* Categories: parameters, gradients and optimizer state by what owns them (modules and
+  optimizers found from the namespace, optimizer step hooks, gradient-accumulation hooks);
+  activations are what autograd packs for backward (``saved_tensors_hooks``); inputs are
+  the namespace's other tensors and what the cell makes outside any model, backward or
+  optimizer step from inputs alone; everything else is a temporary. A storage keeps the
+  strongest category it was ever given (parameters > gradients > optimizer state > inputs
+  > activations > temporaries), as torch's ``_memory_profiler`` gives one category per
+  tensor for its whole life.
+* What the dispatcher does not see: memory a kernel allocates for itself (cuDNN and cuBLAS
+  workspaces, the 1.7% the profiler saw above this count on a ResNet step): the headroom
+  states it.
+
+Until issue 16's accounting engine is in ``gpumagic.memory``, this is the engine: the tests
+compare a dry run with this same tracker on real tensors.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from gpumagic.memory.fit.accounting import (
+    ACTIVATIONS,
+    CATEGORIES,
+    GRADIENTS,
+    INPUTS,
+    OPTIMIZER_STATE,
+    PARAMETERS,
+    TEMPORARIES,
+    Accounting,
+    AccountingScope,
+)
+from gpumagic.memory.fit.owners import Owners, find_owners
+
+# Strongest first; a storage keeps the highest rank it was given.
+_RANK = {c: i for i, c in enumerate((TEMPORARIES, ACTIVATIONS, INPUTS, OPTIMIZER_STATE, GRADIENTS, PARAMETERS))}
+
+
+class _Ledger:
+    """Storages by key (nbytes, device label, category, module) and the allocation events."""
+
+    def __init__(self, round_to: int, statement: Callable[[], int]) -> None:
+        self.round_to = max(1, round_to)
+        self.statement = statement
+        self.keys: dict[int, int] = {}  # id(storage object) -> key, while the storage lives
+        self.refs: dict[int, weakref.ref[Any]] = {}
+        self.nbytes: list[int] = []
+        self.label: list[object] = []  # str, or a label object read when the run ends
+        self.category: list[str] = []
+        self.module: list[str] = []
+        self.events: list[tuple[int, int, int]] = []  # (key, delta bytes, statement)
+        self.closed = False
+
+    def rounded(self, n: int) -> int:
+        return -(-n // self.round_to) * self.round_to
+
+    def key_of(self, storage: Any) -> int | None:
+        return self.keys.get(id(storage))
+
+    def add(self, storage: Any, label: object, category: str, module: str, when: int) -> int:
+        key = len(self.nbytes)
+        ident = id(storage)
+        self.keys[ident] = key
+        self.refs[key] = weakref.ref(storage, lambda _r, k=key, i=ident: self._freed(k, i))
+        size = self.rounded(int(storage.nbytes()))
+        self.nbytes.append(size)
+        self.label.append(label)
+        self.category.append(category)
+        self.module.append(module)
+        self.events.append((key, size, when))
+        return key
+
+    def resized(self, key: int, storage: Any) -> None:
+        size = self.rounded(int(storage.nbytes()))
+        if size != self.nbytes[key]:  # resize_ (out= variants) changes a storage in place
+            self.events.append((key, size - self.nbytes[key], self.statement()))
+            self.nbytes[key] = size
+
+    def mark(self, key: int, category: str, module: str) -> None:
+        if _RANK[category] > _RANK[self.category[key]]:
+            self.category[key] = category
+            self.module[key] = module
+        elif category == self.category[key] and module and not self.module[key]:
+            self.module[key] = module
+
+    def _freed(self, key: int, ident: int) -> None:
+        if self.closed:
+            return
+        if self.keys.get(ident) == key:
+            del self.keys[ident]
+        self.refs.pop(key, None)
+        self.events.append((key, -self.nbytes[key], self.statement()))
+
+
+def _storage(t: Any) -> Any:
+    try:
+        return t.untyped_storage()
+    except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested, opaque tensors
+        return None
+
+
+def _tensors(tree: Any) -> Iterator[Any]:
+    import torch
+
+    stack = [tree]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, torch.Tensor):
+            yield x
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+
+
+class StorageTracker:
+    """:class:`~.accounting.TensorAccounting` by storages at the dispatcher (see the module
+    docstring)."""
+
+    def __call__(
+        self, fn: Callable[[], object], scope: AccountingScope
+    ) -> tuple[Accounting, Exception | None]:
+        run = _TrackedRun(scope)
+        error: Exception | None = None
+        with run:
+            try:
+                fn()
+            except Exception as exc:  # the cell's error: the accounting so far still answers
+                error = exc
+        return run.result(), error
+
+
+class _TrackedRun:
+    """One run: the dispatch mode, the hooks, and the ledger they fill."""
+
+    def __init__(self, scope: AccountingScope) -> None:
+        self.scope = scope
+        self.ledger = _Ledger(scope.round_to, scope.statement)
+        self.stack: list[Any] = []  # modules whose forward is running
+        self.in_step = 0  # optimizer.step() depth
+        self.owners: Owners = find_owners(scope.namespace)
+        self._undo: list[Callable[[], object]] = []
+
+    # -- labels, categories, module names ------------------------------------------------------
+    def label_of(self, t: Any) -> object:
+        """The device the run counts ``t`` on: the scope's label (kept, not copied: a dry run
+        may relabel a tensor later), else the tensor's own device."""
+        if self.scope.device_of is not None:
+            return self.scope.device_of(t)
+        return str(t.device.type)
+
+    def module_now(self) -> str:
+        return self.owners.module_name(self.stack[-1], self.scope) if self.stack else ""
+
+    def see(self, t: Any, category: str, module: str, when: int | None = None) -> int | None:
+        st = _storage(t)
+        if st is None:
+            return None
+        key = self.ledger.key_of(st)
+        if key is None:
+            stamp = self.scope.statement() if when is None else when
+            return self.ledger.add(st, self.label_of(t), category, module, stamp)
+        self.ledger.mark(key, category, module)
+        return key
+
+    # -- entering and leaving ------------------------------------------------------------------
+    def __enter__(self) -> _TrackedRun:
+        from gpumagic.memory.fit.tracker_hooks import install
+
+        try:
+            for t, category, module in self.owners.tensors():
+                self.see(t, category, module, when=-1)
+            self._undo = install(self)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        while self._undo:
+            self._undo.pop()()
+        # What the namespace owns at the end (a model or an optimizer the cell made).
+        try:
+            for t, category, module in find_owners(self.scope.namespace).tensors():
+                st = _storage(t)
+                key = self.ledger.key_of(st) if st is not None else None
+                if key is not None:
+                    self.ledger.mark(key, category, module)
+        finally:
+            self.ledger.closed = True
+
+    # -- the answer ----------------------------------------------------------------------------
+    def result(self) -> Accounting:
+        led = self.ledger
+        labels = [str(lab) for lab in led.label]
+        seen = {lab for lab in labels if lab != "meta"}
+        counted = self.scope.counted(seen) if seen else set()
+        total = peak = start = 0
+        peak_at = -1
+        peak_statement = -1
+        for i, (key, delta, when) in enumerate(led.events):
+            if labels[key] not in counted:
+                continue
+            total += delta
+            if when == -1:
+                start = total
+            if total > peak:
+                peak, peak_at, peak_statement = total, i, when
+        live: dict[int, int] = {}
+        for key, delta, _ in led.events[: peak_at + 1]:
+            if labels[key] in counted:
+                live[key] = live.get(key, 0) + delta
+        categories = dict.fromkeys(CATEGORIES, 0)
+        by_module: dict[tuple[str, str], int] = {}
+        for key, size in live.items():
+            if size <= 0:
+                continue
+            cat = led.category[key]
+            categories[cat] += size
+            slot = (led.module[key], cat)
+            by_module[slot] = by_module.get(slot, 0) + size
+        modules = sorted(((m, c, b) for (m, c), b in by_module.items()), key=lambda r: -r[2])
+        return Accounting(
+            peak_bytes=peak,
+            categories=categories,
+            modules=modules,
+            peak_statement=peak_statement,
+            start_bytes=start,
+            end_bytes=total,
+            devices=counted,
+        )
+
+
+__all__ = ["ACTIVATIONS", "GRADIENTS", "INPUTS", "OPTIMIZER_STATE", "PARAMETERS", "StorageTracker"]
