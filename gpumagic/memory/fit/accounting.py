@@ -69,6 +69,10 @@ class Accounting:
     end_bytes: int
     devices: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
+    # The counted allocations in order, (storage key, +bytes) and (key, -bytes), for the
+    # caching allocator's model; None when the engine does not keep them.
+    trace: list[tuple[int, int]] | None = None
+    ops: dict[str, int] = field(default_factory=dict)
 
 
 class TensorAccounting(Protocol):

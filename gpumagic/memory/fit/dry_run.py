@@ -151,7 +151,8 @@ def dry_run(
         run = _runner(prepared, shadow, clock, autocast, on_gpu)
         with _modes(fake_mode, answers, devices, clock):
             accounting, error = (engine or StorageTracker())(run, scope)
-        del shadow
+        copied, as_is = list(shadow.copied), list(shadow.as_is)
+        del shadow, run, scope
     error_statement = getattr(error, "statement", clock.current) if error is not None else -1
     return DryRun(
         accounting=accounting,
@@ -161,8 +162,8 @@ def dry_run(
         printed=len(out.getvalue()),
         seconds=time.perf_counter() - start,
         on_gpu=on_gpu,
-        copied=[],
-        as_is=[],
+        copied=copied,
+        as_is=as_is,
         rebound=rebound,
         relabelled=devices.mismatches if devices is not None else 0,
         changes=changes,
@@ -197,7 +198,7 @@ def _modes(fake_mode: FakeTensorMode, answers: Answers, devices: DeviceMap | Non
             # mkldnn_rnn_layer returns 0 bytes) and a GPU never runs it: without a GPU the
             # dry run takes torch's native per-step kernels, whose saved gates stand in for
             # cuDNN's reserve. Put back when the run ends.
-            stack.enter_context(torch.backends.mkldnn.flags(enabled=False))
+            stack.enter_context(_onednn_off())
         stack.enter_context(fake_mode)
         stack.enter_context(ValueAnswers(answers, clock.check))
         if devices is not None:
@@ -205,6 +206,18 @@ def _modes(fake_mode: FakeTensorMode, answers: Answers, devices: DeviceMap | Non
             stack.enter_context(CudaRequests(devices))
         stack.enter_context(ValueFunctions(answers, lambda t: isinstance(t, FakeTensor)))
         yield
+
+
+@contextlib.contextmanager
+def _onednn_off() -> Iterator[None]:
+    # torch.backends.mkldnn.flags() would also set oneDNN's TF32 switch, which warns on
+    # builds without Intel GPU support: only the one switch is turned here.
+    was = torch._C._get_mkldnn_enabled()
+    torch._C._set_mkldnn_enabled(False)
+    try:
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(was)
 
 
 @contextlib.contextmanager

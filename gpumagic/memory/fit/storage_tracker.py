@@ -154,6 +154,7 @@ class _TrackedRun:
         self.ledger = _Ledger(scope.round_to, scope.statement)
         self.stack: list[Any] = []  # modules whose forward is running
         self.in_step = 0  # optimizer.step() depth
+        self.ops: dict[str, int] = {}  # aten op name -> calls
         self.owners: Owners = find_owners(scope.namespace)
         self._undo: list[Callable[[], object]] = []
 
@@ -214,9 +215,11 @@ class _TrackedRun:
         total = peak = start = 0
         peak_at = -1
         peak_statement = -1
+        trace: list[tuple[int, int]] = []
         for i, (key, delta, when) in enumerate(led.events):
             if labels[key] not in counted:
                 continue
+            trace.append((key, delta))
             total += delta
             if when == -1:
                 start = total
@@ -244,6 +247,8 @@ class _TrackedRun:
             start_bytes=start,
             end_bytes=total,
             devices=counted,
+            trace=trace,
+            ops=dict(self.ops),
         )
 
 

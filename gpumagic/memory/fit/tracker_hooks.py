@@ -137,6 +137,8 @@ def _dispatch_mode_class() -> type:
                 if led.category[key] != INPUTS:
                     all_inputs = False
             out = func(*args, **kwargs)
+            name = func.__name__
+            run.ops[name] = run.ops.get(name, 0) + 1
             new_category = (
                 INPUTS
                 if all_inputs and not run.stack and not run.in_step and not _in_backward()
