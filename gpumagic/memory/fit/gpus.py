@@ -152,13 +152,18 @@ GPUS: tuple[GpuSpec, ...] = (
 )
 
 
+# Words in the names drivers give cards that say nothing about their memory.
+_NOISE = re.compile(r"nvidia|geforce|tesla|generation|sxm\d?|pcie|hbm3e?|[^a-z0-9]+")
+
+
 def _key(name: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "", name.lower().replace("nvidia", "").replace("geforce", ""))
+    return _NOISE.sub("", name.lower())
 
 
 def find_gpu(name: str) -> GpuSpec | None:
-    """The table's row for ``name`` ("A100-80GB", "h100", "NVIDIA GeForce RTX 4090"), None if
-    it has none. Names match ignoring case, spaces, dashes and the maker's words."""
+    """The table's row for ``name`` ("A100-80GB", "h100", "NVIDIA GeForce RTX 4090", the
+    name torch gives a card: "NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-16GB"), None if it has
+    none. Names match ignoring case, spaces, dashes, the maker's words and the form factor."""
     wanted = _key(name)
     for gpu in GPUS:
         if wanted in {_key(gpu.name), *(_key(a) for a in gpu.aliases)}:
