@@ -112,9 +112,11 @@ def _next_try(seen: dict[int, BatchPoint], lo: int, hi: int | None, capacity: in
         low_guess = guess if guess is not None and 0 < guess < hi else None
         return low_guess or max(1, min(hi - 1, _secant(seen, None, hi, capacity) or hi // 2))
     target = guess if guess is not None and lo < guess < hi else _secant(seen, lo, hi, capacity)
-    if target is None or not lo < target < hi or target in seen:
+    if target is None:
         return (lo + hi) // 2
-    return target
+    # The line's answer, kept strictly inside the bracket: at its edge, the neighbour of the
+    # bracket's end decides (the line says the limit is right there).
+    return min(hi - 1, max(lo + 1, target))
 
 
 def _secant(seen: dict[int, BatchPoint], lo: int | None, hi: int | None, capacity: int) -> int | None:

@@ -29,7 +29,7 @@ def dry_run_notes(run: DryRun, prepared: PreparedCell) -> list[str]:
         )
     )
     answered: dict[int, list[str]] = defaultdict(list)
-    for statement, what, times in sorted(run.answers):
+    for statement, what, times in sorted(run.answers, key=lambda a: a[0]):  # stable: in the order given
         answered[statement].append(what + (f" ({times}×)" if times > 1 else ""))
     for statement, whats in answered.items():
         notes.append(f"{_line(prepared, statement)}: {'; '.join(whats)} (a fake tensor has no values).")

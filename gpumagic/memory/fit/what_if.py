@@ -11,7 +11,7 @@ two dry runs.
   moments; torch >= 2.5);
 * ``set_to_none``: ``zero_grad(set_to_none=True)`` wherever the cell zeroes gradients;
 * ``batch``: half the batch (``--batch VAR``'s value, or a batch-size variable the cell
-  reads: ``batch_size``, ``BATCH_SIZE``, ``bs``).
+  reads: ``batch_size``, ``BATCH_SIZE``, ``bs``, ``batch``, ``B``).
 
 Each change is made to the shadow only; what it changed is said in words for the report.
 """
@@ -30,7 +30,7 @@ from torch import nn
 from gpumagic.memory.fit.shadow import Shadow
 
 FIXES = ("amp", "checkpoint", "sgd", "adafactor", "set_to_none", "batch")
-BATCH_NAMES = ("batch_size", "BATCH_SIZE", "bs", "batch", "BATCH")
+BATCH_NAMES = ("batch_size", "BATCH_SIZE", "bs", "batch", "BATCH", "B")
 
 
 @dataclass
