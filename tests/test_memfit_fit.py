@@ -7,12 +7,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from memfit_models import ResNet, namespace, train_cell  # noqa: E402
+
 from gpumagic.memory.fit.api import memfit  # noqa: E402
 from gpumagic.memory.fit.dry_run import dry_run  # noqa: E402
 from gpumagic.memory.fit.headroom import FRAGMENTATION  # noqa: E402
 from gpumagic.memory.fit.measure import measure  # noqa: E402
 from gpumagic.memory.fit.source import prepare_source  # noqa: E402
-from memfit_models import ResNet, namespace, train_cell  # noqa: E402
 
 MiB = 2**20
 

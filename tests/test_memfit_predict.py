@@ -13,11 +13,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from memfit_models import FAMILIES, infer_cell, namespace, train_cell  # noqa: E402
+
 from gpumagic.memory.fit.api import memfit  # noqa: E402
 from gpumagic.memory.fit.dry_run import dry_run  # noqa: E402
 from gpumagic.memory.fit.measure import measure  # noqa: E402
 from gpumagic.memory.fit.source import prepare_source  # noqa: E402
-from memfit_models import FAMILIES, infer_cell, namespace, train_cell  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

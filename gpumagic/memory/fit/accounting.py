@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 PARAMETERS = "parameters"
 GRADIENTS = "gradients"
@@ -45,7 +45,7 @@ class AccountingScope:
     namespace: Mapping[str, object]
     statement: Callable[[], int] = lambda: -1
     round_to: int = 1
-    device_of: Callable[[object], str] | None = None
+    device_of: Callable[[Any], object] | None = None  # a label: str() gives its name when the run ends
     counted: Callable[[set[str]], set[str]] = lambda seen: seen
 
 

@@ -38,6 +38,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from gpumagic.memory.fit.storages import storage_of, tensors_in
+
 CUDA, HOST = "cuda", "host"
 aten = torch.ops.aten
 # Operations that take CPU tensors beside CUDA ones on a GPU: copies, and indices.
@@ -67,23 +69,14 @@ class DeviceLabel:
         return self.name
 
 
-def _tensors(tree: Any) -> Iterator[torch.Tensor]:
-    stack = [tree]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, torch.Tensor):
-            yield x
-        elif isinstance(x, (list, tuple)):
-            stack.extend(x)
-        elif isinstance(x, dict):
-            stack.extend(x.values())
+class _Forget:
+    """A weak reference's callback: drop the entry of a storage that died."""
 
+    def __init__(self, table: dict[int, Any], ident: int) -> None:
+        self.table, self.ident = table, ident
 
-def _storage_of(t: torch.Tensor) -> Any:
-    try:
-        return t.untyped_storage()
-    except (RuntimeError, NotImplementedError, TypeError):
-        return None
+    def __call__(self, _ref: object) -> None:
+        self.table.pop(self.ident, None)
 
 
 class DeviceMap:
@@ -96,7 +89,7 @@ class DeviceMap:
 
     # -- labels ------------------------------------------------------------------------------
     def label(self, t: torch.Tensor) -> DeviceLabel:
-        st = _storage_of(t)
+        st = storage_of(t)
         if st is None:
             return DeviceLabel(str(t.device.type))
         found = self._labels.get(id(st))
@@ -105,8 +98,7 @@ class DeviceMap:
         kind = str(t.device.type)
         label = DeviceLabel(HOST if kind == "cpu" else kind)
         ident = id(st)
-        ref = weakref.ref(st, lambda _r, i=ident: self._labels.pop(i, None))
-        self._labels[ident] = (ref, label)
+        self._labels[ident] = (weakref.ref(st, _Forget(self._labels, ident)), label)
         return label
 
     def is_cuda(self, t: torch.Tensor) -> bool:
@@ -122,7 +114,7 @@ class DeviceMap:
 
     def after(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
         """Label what ``func`` made; relabel CPU tensors it mixed with CUDA ones."""
-        inputs = list(_tensors((args, kwargs)))
+        inputs = list(tensors_in((args, kwargs)))
         cuda_in = any(self.is_cuda(t) for t in inputs)
         forced = self._forced[-1]
         if cuda_in and forced is None and func not in _MIXING_OK:
@@ -134,9 +126,9 @@ class DeviceMap:
         name = forced or (CUDA if cuda_in else None)
         if name is None:
             return
-        input_ids = {id(s) for s in map(_storage_of, inputs) if s is not None}
-        for t in _tensors(out):
-            st = _storage_of(t)
+        input_ids = {id(s) for s in map(storage_of, inputs) if s is not None}
+        for t in tensors_in(out):
+            st = storage_of(t)
             if st is not None and (id(st) not in input_ids or forced is not None):
                 self.label(t).name = name
 

@@ -49,14 +49,14 @@ class Owners:
         """(tensor, category, module name) for everything owned, strongest owners first."""
         param_owner: dict[int, str] = {}
         for name, module in self.modules.values():
-            for key, p in module._parameters.items():
+            for p in module._parameters.values():
                 if p is None:
                     continue
                 param_owner.setdefault(id(p), name)
                 yield p, PARAMETERS, name
                 if p.grad is not None:
                     yield p.grad, GRADIENTS, name
-            for key, b in module._buffers.items():
+            for b in module._buffers.values():
                 if b is not None:
                     yield b, PARAMETERS, name
         for _, opt in self.optimizers:
@@ -122,7 +122,7 @@ def find_owners(namespace: Mapping[str, object]) -> Owners:
         if isinstance(x, torch.Tensor):
             owners.plain.append((name, x))
             continue
-        if depth >= _DEPTH or isinstance(x, type) or callable(x) and not hasattr(x, "__dict__"):
+        if depth >= _DEPTH or isinstance(x, type) or (callable(x) and not hasattr(x, "__dict__")):
             continue
         children: list[tuple[str, Any]] = []
         if isinstance(x, Mapping):

@@ -16,7 +16,8 @@ _numbers = itertools.count(1)
 
 
 class _Compiler:
-    _filename_map: dict[str, int] = {}
+    def __init__(self) -> None:
+        self._filename_map: dict[str, int] = {}  # read by cell.running_cell_number: no cells here
 
     def cache(self, text: str, number: int = 0, raw_code: str | None = None) -> str:
         name = f"<memfit-{next(_numbers)}>"

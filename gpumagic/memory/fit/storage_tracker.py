@@ -32,8 +32,13 @@ compare a dry run with this same tracker on real tensors.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
+
+import torch
+from torch.nn.modules import module as module_hooks
+from torch.optim import optimizer as optimizer_hooks
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpumagic.memory.fit.accounting import (
     ACTIVATIONS,
@@ -47,6 +52,7 @@ from gpumagic.memory.fit.accounting import (
     AccountingScope,
 )
 from gpumagic.memory.fit.owners import Owners, find_owners
+from gpumagic.memory.fit.storages import storage_of, tensors_in
 
 # Strongest first; a storage keeps the highest rank it was given.
 _RANK = {c: i for i, c in enumerate((TEMPORARIES, ACTIVATIONS, INPUTS, OPTIMIZER_STATE, GRADIENTS, PARAMETERS))}
@@ -77,7 +83,7 @@ class _Ledger:
         key = len(self.nbytes)
         ident = id(storage)
         self.keys[ident] = key
-        self.refs[key] = weakref.ref(storage, lambda _r, k=key, i=ident: self._freed(k, i))
+        self.refs[key] = weakref.ref(storage, _Freed(self, key, ident))
         size = self.rounded(int(storage.nbytes()))
         self.nbytes.append(size)
         self.label.append(label)
@@ -99,7 +105,7 @@ class _Ledger:
         elif category == self.category[key] and module and not self.module[key]:
             self.module[key] = module
 
-    def _freed(self, key: int, ident: int) -> None:
+    def freed(self, key: int, ident: int) -> None:
         if self.closed:
             return
         if self.keys.get(ident) == key:
@@ -108,25 +114,14 @@ class _Ledger:
         self.events.append((key, -self.nbytes[key], self.statement()))
 
 
-def _storage(t: Any) -> Any:
-    try:
-        return t.untyped_storage()
-    except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested, opaque tensors
-        return None
+class _Freed:
+    """A storage's weak-reference callback: record its free."""
 
+    def __init__(self, ledger: _Ledger, key: int, ident: int) -> None:
+        self.ledger, self.key, self.ident = ledger, key, ident
 
-def _tensors(tree: Any) -> Iterator[Any]:
-    import torch
-
-    stack = [tree]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, torch.Tensor):
-            yield x
-        elif isinstance(x, (list, tuple)):
-            stack.extend(x)
-        elif isinstance(x, dict):
-            stack.extend(x.values())
+    def __call__(self, _ref: object) -> None:
+        self.ledger.freed(self.key, self.ident)
 
 
 class StorageTracker:
@@ -170,7 +165,7 @@ class _TrackedRun:
         return self.owners.module_name(self.stack[-1], self.scope) if self.stack else ""
 
     def see(self, t: Any, category: str, module: str, when: int | None = None) -> int | None:
-        st = _storage(t)
+        st = storage_of(t)
         if st is None:
             return None
         key = self.ledger.key_of(st)
@@ -182,12 +177,10 @@ class _TrackedRun:
 
     # -- entering and leaving ------------------------------------------------------------------
     def __enter__(self) -> _TrackedRun:
-        from gpumagic.memory.fit.tracker_hooks import install
-
         try:
             for t, category, module in self.owners.tensors():
                 self.see(t, category, module, when=-1)
-            self._undo = install(self)
+            self._undo = _install(self)
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -199,7 +192,7 @@ class _TrackedRun:
         # What the namespace owns at the end (a model or an optimizer the cell made).
         try:
             for t, category, module in find_owners(self.scope.namespace).tensors():
-                st = _storage(t)
+                st = storage_of(t)
                 key = self.ledger.key_of(st) if st is not None else None
                 if key is not None:
                     self.ledger.mark(key, category, module)
@@ -252,4 +245,121 @@ class _TrackedRun:
         )
 
 
-__all__ = ["ACTIVATIONS", "GRADIENTS", "INPUTS", "OPTIMIZER_STATE", "PARAMETERS", "StorageTracker"]
+# -- the hooks the run installs, and removes in reverse order ------------------------------
+
+
+def _install(run: _TrackedRun) -> list[Callable[[], object]]:
+    undo: list[Callable[[], object]] = []
+    try:
+        handles = [
+            module_hooks.register_module_forward_pre_hook(lambda m, a: _push(run, m)),
+            module_hooks.register_module_forward_hook(
+                lambda m, a, o: _pop(run, m), always_call=True
+            ),
+            optimizer_hooks.register_optimizer_step_pre_hook(lambda o, a, k: _step_starts(run, o)),
+            optimizer_hooks.register_optimizer_step_post_hook(lambda o, a, k: _step_ends(run, o)),
+        ]
+        undo.extend(h.remove for h in handles)
+        for p, category, module in run.owners.tensors():
+            if category == PARAMETERS and p.requires_grad and p.is_leaf:
+                handle = p.register_post_accumulate_grad_hook(
+                    lambda q, m=module: _gradient(run, q, m)
+                )
+                undo.append(handle.remove)
+        saved = torch.autograd.graph.saved_tensors_hooks(lambda t: _pack(run, t), lambda t: t)
+        saved.__enter__()
+        undo.append(lambda: saved.__exit__(None, None, None))
+        mode = _DispatchCounter(run)
+        mode.__enter__()
+        undo.append(lambda: mode.__exit__(None, None, None))
+    except BaseException:
+        while undo:
+            undo.pop()()
+        raise
+    return undo
+
+
+def _push(run: _TrackedRun, module: Any) -> None:
+    run.stack.append(module)
+
+
+def _pop(run: _TrackedRun, module: Any) -> None:
+    for i in range(len(run.stack) - 1, -1, -1):
+        if run.stack[i] is module:
+            del run.stack[i:]
+            return
+
+
+def _pack(run: _TrackedRun, t: Any) -> Any:
+    run.see(t, ACTIVATIONS, run.module_now())
+    return t
+
+
+def _gradient(run: _TrackedRun, p: Any, module: str) -> None:
+    if p.grad is not None:
+        run.see(p.grad, GRADIENTS, module)
+
+
+def _step_starts(run: _TrackedRun, opt: Any) -> None:
+    run.in_step += 1
+    for group in opt.param_groups:
+        for p in group["params"]:
+            owner = run.owners.owner_of(p)
+            run.see(p, PARAMETERS, owner)
+            if p.grad is not None:
+                run.see(p.grad, GRADIENTS, owner)
+
+
+def _step_ends(run: _TrackedRun, opt: Any) -> None:
+    run.in_step = max(0, run.in_step - 1)
+    for p, state in opt.state.items():
+        owner = run.owners.owner_of(p)
+        for value in state.values() if isinstance(state, dict) else ():
+            if isinstance(value, torch.Tensor):
+                run.see(value, OPTIMIZER_STATE, owner)
+
+
+def _in_backward() -> bool:
+    return bool(torch._C._current_graph_task_id() != -1)
+
+
+class _DispatchCounter(TorchDispatchMode):
+    """Every operation's inputs (a storage first met here existed before: an input) and
+    outputs (a new storage is an allocation, charged to the statement and module running)."""
+
+    def __init__(self, run: _TrackedRun) -> None:
+        super().__init__()
+        self.run = run
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        run = self.run
+        led = run.ledger
+        kwargs = kwargs or {}
+        all_inputs = True
+        for t in tensors_in((args, kwargs)):
+            st = storage_of(t)
+            if st is None:
+                continue
+            key = led.key_of(st)
+            if key is None:  # made outside the dispatcher (torch.from_numpy): counted from here
+                key = led.add(st, run.label_of(t), INPUTS, "", run.scope.statement())
+            if led.category[key] != INPUTS:
+                all_inputs = False
+        out = func(*args, **kwargs)
+        name = func.__name__
+        run.ops[name] = run.ops.get(name, 0) + 1
+        # What the cell makes outside any model, backward or step from inputs alone (the
+        # batch moved or scaled) is an input too; everything else new is a temporary.
+        outside = not run.stack and not run.in_step and not _in_backward()
+        category = INPUTS if all_inputs and outside else TEMPORARIES
+        module = run.module_now()
+        for t in tensors_in(out):
+            st = storage_of(t)
+            if st is None:
+                continue
+            key = led.key_of(st)
+            if key is None:
+                led.add(st, run.label_of(t), category, module, run.scope.statement())
+            else:
+                led.resized(key, st)
+        return out

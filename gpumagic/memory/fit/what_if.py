@@ -138,7 +138,7 @@ def checkpoint_blocks(shadow: Shadow) -> list[str]:
             def wrapped(*args: Any, _f: Callable[..., Any] = inner, **kwargs: Any) -> Any:
                 return checkpoint(_f, *args, use_reentrant=False, **kwargs)
 
-            block.forward = wrapped  # type: ignore[method-assign]
+            block.forward = wrapped
         if blocks:
             shown = ", ".join(n for n, _ in blocks[:6]) + (f" and {len(blocks) - 6} more" if len(blocks) > 6 else "")
             changed.append(f"checkpointed {shown} (torch.utils.checkpoint, use_reentrant=False)")
@@ -159,7 +159,7 @@ def swap_optimizers(shadow: Shadow, kind: str) -> list[str]:
             new = torch.optim.SGD(groups, lr=groups[0]["lr"], momentum=0.9)
             what = "SGD(momentum=0.9)"
         else:
-            new = torch.optim.Adafactor(groups, lr=groups[0]["lr"])  # type: ignore[attr-defined]
+            new = torch.optim.Adafactor(groups, lr=groups[0]["lr"])
             what = "Adafactor"
         swapped[id(opt)] = new
         shadow.namespace[name] = new
