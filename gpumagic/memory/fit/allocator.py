@@ -59,19 +59,24 @@ class _Pool:
 
 @dataclass
 class AllocatorModel:
-    """Replays allocations (key, +bytes) and frees (key, -bytes) in order."""
+    """Replays allocations (key, +bytes) and frees (key, -bytes) in order. ``requested``:
+    the bytes asked for (512-byte rounded: the tensors' peak a dry run counts);
+    ``allocated``: the blocks handed out, which can be larger (a block whose remainder is
+    too small to split is given whole, and counts as allocated, as in torch's statistics)."""
 
     reserved: int = 0
     allocated: int = 0
+    requested: int = 0
     peak_reserved: int = 0
-    peak_allocated: int = 0
-    reserved_at_peak_allocated: int = 0
+    peak_requested: int = 0
+    reserved_at_peak: int = 0
 
     def __post_init__(self) -> None:
         self._pools = {True: _Pool(True), False: _Pool(False)}
         self._segments: list[dict[int, _Block]] = []  # offset -> block, per segment
         self._segment_small: list[bool] = []
         self._live: dict[int, _Block] = {}
+        self._asked: dict[int, int] = {}
 
     def replay(self, trace: list[tuple[int, int]]) -> AllocatorModel:
         sizes: dict[int, int] = {}
@@ -112,16 +117,19 @@ class AllocatorModel:
             pool.put(tail)
         block.free = False
         self._live[key] = block
+        self._asked[key] = size
         self.allocated += block.size
-        if self.allocated > self.peak_allocated:
-            self.peak_allocated = self.allocated
-            self.reserved_at_peak_allocated = self.reserved
+        self.requested += size
+        if self.requested > self.peak_requested:
+            self.peak_requested = self.requested
+            self.reserved_at_peak = self.reserved
 
     def release(self, key: int) -> None:
         block = self._live.pop(key, None)
         if block is None:
             return
         self.allocated -= block.size
+        self.requested -= self._asked.pop(key)
         blocks = self._segments[block.segment]
         pool = self._pools[self._segment_small[block.segment]]
         block.free = True
@@ -140,5 +148,6 @@ class AllocatorModel:
 
     @property
     def fragmentation(self) -> int:
-        """Reserved but not allocated when the allocated peak was reached."""
-        return max(0, self.reserved_at_peak_allocated - self.peak_allocated)
+        """Reserved beyond what was asked for, when the most was asked for: the tails of
+        blocks given whole, and free blocks no request could use."""
+        return max(0, self.reserved_at_peak - self.peak_requested)

@@ -102,12 +102,6 @@ GPUS: tuple[GpuSpec, ...] = (
         capability=8,
     ),
     GpuSpec(
-        "A10", int(23.70 * GiB), _GIB_2DP, 23028,
-        "https://github.com/tatsu-lab/stanford_alpaca/issues/76",
-        "PyTorch's out-of-memory message on an A10: 23.70 GiB total capacity",
-        capability=8,
-    ),
-    GpuSpec(
         "T4", int(14.75 * GiB), _GIB_2DP, 15360,
         "https://github.com/NVIDIA/DALI/issues/1813",
         "TensorFlow's device listing on Tesla T4s: deviceMemorySize 14.75GiB",
