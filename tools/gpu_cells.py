@@ -383,7 +383,7 @@ def memfit_resnet(c: Cells) -> tuple[str, dict[str, Any]]:
 
     c.ok(_RESNET)
     step = _STEP.replace("%%memtrace -q\n", "")
-    _, _, html = c.ok("%%memfit -q --what-if amp\n" + step)
+    c.ok("%%memfit -q --what-if amp\n" + step)
     fit = c.ns["_memfit"]
     expect(fit.target is not None and "this GPU" in fit.target.name, f"target {fit.target}")
     expect(fit.on_gpu, "the dry run did not use the GPU path")
