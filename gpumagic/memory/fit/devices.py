@@ -133,8 +133,14 @@ class DeviceMap:
                 self.label(t).name = name
 
 
+class UnmappedCuda(RuntimeError):
+    """An operation made a fake CUDA tensor on a machine without a GPU: refused before
+    autograd could touch it (that would abort the process)."""
+
+
 class DeviceLabels(TorchDispatchMode):
-    """Labels what each operation makes (see :class:`DeviceMap`)."""
+    """Labels what each operation makes (see :class:`DeviceMap`), and refuses a fake CUDA
+    tensor some path made without going through :class:`CudaRequests`."""
 
     def __init__(self, devices: DeviceMap) -> None:
         super().__init__()
@@ -143,6 +149,13 @@ class DeviceLabels(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        for t in tensors_in(out):
+            if t.device.type == "cuda":
+                raise UnmappedCuda(
+                    f"{func.overloadpacket.__name__} made a CUDA tensor the dry run could not "
+                    "map to the CPU; with no GPU here, autograd on it would abort the process, "
+                    "so the dry run stops (give the device with device='cuda' or .to('cuda'))"
+                )
         self.devices.after(func, args, kwargs, out)
         return out
 

@@ -86,18 +86,7 @@ def headroom(
         )
     ]
     if matmuls:
-        hopper = capability_major is not None and capability_major >= 9
-        cublas = 32 * MiB if hopper else CUBLAS
-        lt = cublaslt_bytes(capability_major, total_bytes)
-        lines.append(
-            HeadroomLine(
-                "cuBLAS workspaces", cublas + lt, cublas + 1 * MiB if capability_major is None else cublas + lt,
-                2 * (32 * MiB + 32 * MiB) if capability_major is None else 2 * (cublas + lt),
-                CUBLASLT_SOURCE,
-                "cuBLAS and cuBLASLt workspaces, per stream, through the caching allocator "
-                f"(cuBLAS {cublas / MiB:.1f} MiB: {CUBLAS_SOURCE})",
-            )
-        )
+        lines.append(_cublas(capability_major, total_bytes))
     if convolutions:
         lines.append(
             HeadroomLine(
@@ -115,6 +104,25 @@ def headroom(
             )
         )
     return lines
+
+
+def _cublas(capability_major: int | None, total_bytes: int | None) -> HeadroomLine:
+    """cuBLAS's and cuBLASLt's workspaces for the card; for an unknown card (``--memory``),
+    from the smallest (pre-Hopper, 1 MiB cuBLASLt) to two streams of Hopper's."""
+    if capability_major is None:
+        low = CUBLAS + 1 * MiB
+        return HeadroomLine(
+            "cuBLAS workspaces", low, low, 2 * (32 * MiB + 32 * MiB), CUBLASLT_SOURCE,
+            "cuBLAS and cuBLASLt workspaces, per stream, through the caching allocator; the "
+            f"card is unknown: pre-Hopper's to two streams of Hopper's ({CUBLAS_SOURCE})",
+        )
+    cublas = 32 * MiB if capability_major >= 9 else CUBLAS
+    figure = cublas + cublaslt_bytes(capability_major, total_bytes)
+    return HeadroomLine(
+        "cuBLAS workspaces", figure, figure, 2 * figure, CUBLASLT_SOURCE,
+        "cuBLAS and cuBLASLt workspaces, per stream, through the caching allocator "
+        f"(cuBLAS {cublas / MiB:.1f} MiB: {CUBLAS_SOURCE}); a second stream doubles them",
+    )
 
 
 def verdict(peak: int, lines: list[HeadroomLine], capacity: int, capacity_uncertainty: int = 0) -> bool | None:

@@ -24,6 +24,9 @@ snapshots):
 * What the dispatcher does not see: memory a kernel allocates for itself (cuDNN and cuBLAS
   workspaces, the 1.7% the profiler saw above this count on a ResNet step): the headroom
   states it.
+* What the hooks change: under ``saved_tensors_hooks`` autograd no longer checks that a
+  saved tensor was not modified in place, and ``torch.func`` transforms refuse to run; a dry
+  run does not check a cell's correctness, and says so when it stops.
 
 Until issue 16's accounting engine is in ``gpumagic.memory``, this is the engine: the tests
 compare a dry run with this same tracker on real tensors.
@@ -292,7 +295,11 @@ def _pop(run: _TrackedRun, module: Any) -> None:
 
 def _pack(run: _TrackedRun, t: Any) -> Any:
     run.see(t, ACTIVATIONS, run.module_now())
-    return t
+    # Not t itself: an op that saves its own output (relu, sigmoid, exp) would then hold its
+    # output through the hook's reference, a cycle through C++ that keeps it alive until the
+    # garbage collector runs, where autograd alone frees it. A detached alias shares the
+    # storage and breaks the cycle.
+    return t.detach()
 
 
 def _gradient(run: _TrackedRun, p: Any, module: str) -> None:
