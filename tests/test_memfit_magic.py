@@ -199,6 +199,22 @@ def test_prints_are_not_shown_but_counted(ip, run, ns):
     assert any("it printed 21 characters, not shown" in n for n in ns["_memfit"].notes)
 
 
+def test_displays_and_figures_of_the_dry_run_stay_off_screen(ip, run, ns):
+    r = run(
+        "%%memfit --memory 8GiB\n"
+        "from IPython.display import display, HTML\n"
+        "display(HTML('<b>dry</b>'))\n"
+        "import matplotlib.pyplot as plt\n"
+        "plt.plot([1, 2])\n"
+    )
+    assert r.result.success, r.result.error_in_exec
+    assert "<b>dry</b>" not in r.html()
+    import matplotlib.pyplot as plt
+
+    assert plt.get_fignums() == []
+    assert "The dry runs displayed 2 outputs (figures, tables), not shown." in ns["_memfit"].notes
+
+
 def test_without_a_target_every_card_of_the_table_is_judged(ip, run, ns):
     if torch.cuda.is_available():
         pytest.skip("with a GPU the target is this GPU")

@@ -9,6 +9,9 @@ never reach ``Out[]``. The magic's value is the prediction.
 
 from __future__ import annotations
 
+import contextlib
+import sys
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -73,7 +76,10 @@ class MemfitMagics(Magics):
             if not torch.cuda.is_available():
                 raise PARSER.usage_error("--batch needs --gpu NAME or --memory SIZE (no GPU here)")
         prepared = prepare(shell, cell, f"%%memfit {line}".rstrip(), instrument=True)
-        fit = predict(prepared, shell.user_ns, replace(fit_opts, hidden=frozenset(shell.user_ns_hidden)))
+        with _kept_off_screen() as shown:
+            fit = predict(prepared, shell.user_ns, replace(fit_opts, hidden=frozenset(shell.user_ns_hidden)))
+        if shown:
+            fit.notes.append(f"The dry runs displayed {shown[0]} outputs (figures, tables), not shown.")
         shell.user_ns["_memfit"] = fit
         if opts.output:
             shell.user_ns[opts.output] = fit
@@ -84,6 +90,28 @@ class MemfitMagics(Magics):
                 display(fit)
             raise MemfitError(f"%%memfit: the dry run stopped at {fit.error}")
         return None if opts.quiet else fit
+
+
+@contextlib.contextmanager
+def _kept_off_screen() -> Iterator[list[int]]:
+    """What the cell displays in its dry runs (``display()``, a progress widget) is captured,
+    and the matplotlib figures it makes are closed (the inline backend would show them when
+    the cell ends); the list gets how many outputs there were."""
+    from IPython.utils.capture import capture_output
+
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    before = set(pyplot.get_fignums()) if pyplot is not None else set()
+    shown: list[int] = []
+    with capture_output(stdout=False, stderr=False, display=True) as cap:
+        try:
+            yield shown
+        finally:
+            pyplot = sys.modules.get("matplotlib.pyplot")
+            made = [n for n in pyplot.get_fignums() if n not in before] if pyplot is not None else []
+            for number in made:
+                pyplot.close(number)
+            if cap.outputs or made:
+                shown.append(len(cap.outputs) + len(made))
 
 
 def _options(opts: Any) -> Any:
