@@ -12,7 +12,7 @@ from gpumagic.render.table import Bar, Column, Table
 from gpumagic.units import fmt_bytes, fmt_count
 
 if TYPE_CHECKING:
-    from gpumagic.memory.fit.result import MemFit
+    from gpumagic.memory.fit.result import MemFit, WhatIf
 
 CATEGORY_NAMES = {
     "parameters": "parameters",
@@ -139,16 +139,16 @@ def _what_ifs(fit: MemFit) -> list[Section]:
         return []
     scale = max([abs(w.saving_bytes or 0) for w in fit.what_ifs] + [1])
 
-    def saved_by(w: object) -> str:
-        cats = getattr(w, "categories", {})
-        if getattr(w, "peak_bytes", None) is None:
+    def changed_by(w: WhatIf) -> str:
+        """The change at the peak, by category: negative is memory saved."""
+        if w.peak_bytes is None:
             return ""
         parts = [
-            f"{CATEGORY_NAMES[c]} {fmt_bytes(fit.categories.get(c, 0) - cats.get(c, 0), signed=True)}"
+            f"{CATEGORY_NAMES[c]} {fmt_bytes(w.categories.get(c, 0) - fit.categories.get(c, 0), signed=True)}"
             for c in CATEGORIES
-            if fit.categories.get(c, 0) != cats.get(c, 0)
+            if fit.categories.get(c, 0) != w.categories.get(c, 0)
         ]
-        return ", ".join(parts) or "nothing at the peak"
+        return ", ".join(parts) or "no change at the peak"
 
     table = Table(
         [
@@ -156,7 +156,7 @@ def _what_ifs(fit: MemFit) -> list[Section]:
             Column("what the dry run changed", lambda w: w.changed or f"not tried: {w.unavailable}", align="left", chars=60, html_chars=90),
             Column("peak", "peak_bytes", fmt_bytes),
             Column("saves", "saving_bytes", fmt_bytes, bar=Bar(scale, PALETTE["free"])),
-            Column("at the peak, by category", saved_by, align="left", chars=70, html_chars=120),
+            Column("change at the peak, by category", changed_by, align="left", chars=70, html_chars=120),
         ],
         fit.what_ifs,
         highlight=lambda w: "hot" if w.saving_bytes and w.saving_bytes == max((x.saving_bytes or 0) for x in fit.what_ifs) else "",
@@ -164,11 +164,16 @@ def _what_ifs(fit: MemFit) -> list[Section]:
     return [Heading("What each fix would save", "each a dry run with the change made"), table]
 
 
+def _where(fit: MemFit) -> str:
+    first = fit.peak_source.splitlines()[0] if fit.peak_source else ""
+    return f"line {fit.peak_line}: {first}" if fit.peak_line is not None else first
+
+
 def memfit_report(fit: MemFit) -> Report:
     sections: list[Section] = [
         Paragraph(verdict_text(fit), "plain"),
         _summary(fit),
-        Heading("At the peak", f"line {fit.peak_line}: {fit.peak_source.splitlines()[0] if fit.peak_source else ''}"),
+        Heading("At the peak", _where(fit)),
         _categories(fit),
         _modules(fit),
         Heading("Headroom", "what the GPU needs beyond the tensors"),
