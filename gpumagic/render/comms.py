@@ -28,7 +28,7 @@ SPLIT = (
 
 def has_communication(r: ProfileResult) -> bool:
     """Some rank ran collectives (kernels, CPU-backend spans, or recorded calls)."""
-    return any(a.comms.present or len(a.comms.calls) for a in r.analyses)
+    return r.has_communication
 
 
 def headline_items(r: ProfileResult) -> list[tuple[str, str]]:
@@ -87,7 +87,7 @@ def _collective_headers(ranks: bool) -> list[str]:
 
 def _split_rows(r: ProfileResult) -> list[list[str]]:
     out = []
-    for row in r.per_rank.itertuples() if len(r.analyses) > 1 else []:
+    for row in r.per_rank.itertuples() if len(r.ranks) > 1 else []:
         out.append(
             [f"rank {row.rank}", _pct(row.communication_overlap_percent)]
             + [fmt_us(getattr(row, f"{k.removesuffix('_us')}_us_per_step")) for k, _, _ in SPLIT]

@@ -23,6 +23,7 @@ from gpumagic.render.profile_code import (
     where_html,
     where_text,
 )
+from gpumagic.render.ranks import slow_ranks_html, slow_ranks_text
 from gpumagic.units import fmt_bytes, fmt_count, fmt_percent, fmt_us
 
 if TYPE_CHECKING:
@@ -185,6 +186,7 @@ def profile_text(r: ProfileResult, rows: int = 10) -> str:
         lines.append("")
         lines.append("Per rank")
         lines.append(_per_rank_text(r))
+        lines += slow_ranks_text(r)
     comm = communication_text(r, rows)
     if comm:
         lines += ["", comm]
@@ -562,6 +564,7 @@ def profile_html(r: ProfileResult, rows: int = 15) -> str:
                 headers, [[escape(c) for c in row] for row in body], left=[0, 1], row_classes=slow
             )
         )
+        parts.append(slow_ranks_html(r))
     parts.append(communication_html(r, rows))
     parts.append("<h4>Steps</h4>")
     parts.append(timeline_svg(r))
