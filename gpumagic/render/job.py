@@ -1,0 +1,448 @@
+"""``%gpuwatch --prometheus`` on screen: a job's GPUs, grouped by node, with the cells.
+
+Built from a :class:`~gpumagic.monitor.job_stats.JobSnapshot`, as HTML with inline SVG
+(the live frame is rebuilt once per sample) and as text. Up to :data:`CHARTS_UP_TO` GPUs
+each get a chart of utilisation (with SM and tensor activity where DCGM exports them)
+under its node's heading; past that, a job with 64 or 512 GPUs would be a wall of charts,
+so each node becomes one row of tiles, one per GPU, coloured by utilisation, under one
+chart of the job's median and idlest GPU. Stragglers and XID errors head the frame;
+cells are shaded where they ran, and the last ones are listed with their job-wide
+utilisation, energy and cost.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from gpumagic.monitor import dcgm
+from gpumagic.monitor.cost import fmt_usd, fmt_wh
+from gpumagic.monitor.job_result import latest_values
+from gpumagic.monitor.job_stats import STRAGGLER_SPAN_S, cell_cost, cell_stats
+from gpumagic.render.html import PALETTE, Rendered, escape, kv, table, text_table, wrap
+from gpumagic.render.svg import Band, Chart, Series, render_small_multiples
+from gpumagic.units import fmt_percent, fmt_us
+
+if TYPE_CHECKING:
+    from gpumagic.monitor.cells import CellRecord
+    from gpumagic.monitor.job import JobWatcher
+    from gpumagic.monitor.job_result import JobResult, JobStatus
+    from gpumagic.monitor.job_stats import JobSnapshot
+
+CHARTS_UP_TO = 16
+CHART_W, CHART_H = 232, 84
+MAX_POINTS = CHART_W - 52  # the plot's width in pixels (see watch.py)
+CELLS_SHOWN = 8
+_CELL_BAND = "rgba(59, 125, 216, 0.10)"
+_RUNNING_BAND = "rgba(240, 173, 78, 0.22)"
+_FAILED_BAND = "rgba(217, 83, 79, 0.14)"
+_U = dcgm.FIELD_INDEX
+
+
+def _seconds(s: float) -> str:
+    return fmt_us(s * 1e6)
+
+
+def _clock(t: float) -> str:
+    return datetime.fromtimestamp(t).strftime("%H:%M:%S")
+
+
+def _num(v: float, unit: str, digits: int = 0) -> str:
+    return "–" if math.isnan(v) else f"{v:,.{digits}f} {unit}"
+
+
+def _mib(v: float) -> str:
+    return "–" if math.isnan(v) else (f"{v / 1024:.1f} GiB" if v >= 1024 else f"{v:.0f} MiB")
+
+
+def _cell_name(cell: CellRecord) -> str:
+    return f"[{cell.execution_count}]" if cell.execution_count is not None else "[ ]"
+
+
+def _decimate(x: np.ndarray, y: np.ndarray) -> tuple[list[float], list[float | None]]:
+    """At most MAX_POINTS points, each bucket keeping its maximum (a spike stays visible)."""
+    if len(x) > MAX_POINTS:
+        edges = np.linspace(0, len(x), MAX_POINTS + 1).astype(int)[:-1]
+        x = x[edges]
+        y = np.fmax.reduceat(y, edges)
+    return x.tolist(), [None if v != v else v for v in y.tolist()]
+
+
+def _series(name: str, x: np.ndarray, y: np.ndarray, color: str, fill: bool = False) -> Series:
+    xs, ys = _decimate(x, y)
+    return Series(name, xs, ys, color=color, fill=fill)
+
+
+# -- the frame's parts -------------------------------------------------------------------
+def _axis(snap: JobSnapshot, live: bool) -> tuple[float, float, float, str]:
+    """(origin, x_lo, x_hi, caption): seconds before now (live) or since the first sample."""
+    if live:
+        seen = snap.now - float(snap.times[0]) if len(snap.times) else 0.0
+        span = min(snap.window, max(seen, 10 * snap.interval, 5.0))
+        return snap.now, -span, 0.0, f"last {_seconds(span)}"
+    origin = float(snap.times[0]) if len(snap.times) else snap.now
+    hi = max((float(snap.times[-1]) - origin) if len(snap.times) else 0.0, snap.interval)
+    return origin, 0.0, hi, f"{_seconds(hi)} from {_clock(origin)}"
+
+
+def _bands(snap: JobSnapshot, origin: float, lo: float, hi: float) -> list[Band]:
+    out = []
+    for cell in snap.cells:
+        end = cell.end if cell.end is not None else snap.now
+        x0, x1 = cell.start - origin, end - origin
+        if x1 < lo or x0 > hi:
+            continue
+        color = (
+            _RUNNING_BAND
+            if cell.end is None
+            else (_FAILED_BAND if cell.success is False else _CELL_BAND)
+        )
+        label = f"{_cell_name(cell)} {cell.source} ({_seconds(cell.duration(snap.now))})"
+        out.append(Band(x0, max(x1, x0 + (hi - lo) / 400), label, color))
+    return out
+
+
+def _gpu_charts(snap: JobSnapshot, live: bool) -> str:
+    origin, lo, hi, caption = _axis(snap, live)
+    bands = _bands(snap, origin, lo, hi)
+    x = snap.times - origin
+    latest = latest_values(snap)
+    slow = {a.device for a in snap.alerts if a.kind == "straggler"}
+    parts = []
+    for host in snap.hosts:
+        rows = [i for i, g in enumerate(snap.gpus) if g.host == host]
+        models = sorted({snap.gpus[i].model for i in rows if snap.gpus[i].model})
+        parts.append(
+            f"<div><b>{escape(host)}</b> <span class='gm-sub'>{len(rows)} GPU(s)"
+            f"{' · ' + escape(', '.join(models)) if models else ''}</span></div>"
+        )
+        charts = []
+        for i in rows:
+            g = snap.gpus[i]
+            v = snap.values[:, i, :]
+            now = latest[i]
+            total = now[_U[dcgm.FB_USED]] + now[_U[dcgm.FB_FREE]]
+            title = (
+                f"GPU {g.gpu}{' ⚠' if g.label in slow else ''} {fmt_percent(now[_U[dcgm.UTIL]])} · "
+                f"{_mib(now[_U[dcgm.FB_USED]])}/{_mib(total)} · {_num(now[_U[dcgm.POWER]], 'W')} · "
+                f"{_num(now[_U[dcgm.TEMP]], '°C')}"
+            )
+            series = [_series("util", x, v[:, _U[dcgm.UTIL]], PALETTE["accent"], fill=True)]
+            for name, color in (
+                (dcgm.SM_ACTIVE, PALETTE["peak"]),
+                (dcgm.TENSOR_ACTIVE, PALETTE["free"]),
+            ):
+                ratio = v[:, _U[name]]
+                if not np.isnan(ratio).all():
+                    series.append(_series(name, x, ratio * 100.0, color))
+            charts.append(
+                Chart(
+                    series,
+                    width=CHART_W,
+                    height=CHART_H,
+                    title=title,
+                    y_label=caption,
+                    x_min=lo,
+                    x_max=hi,
+                    y_max=100.0,
+                    bands=bands,
+                    y_format=lambda p: f"{p:.0f}%",
+                )
+            )
+        for k in range(0, len(charts), 4):
+            parts.append(render_small_multiples(charts[k : k + 4]))
+    legend = "utilisation (filled)"
+    if snap.has(dcgm.SM_ACTIVE) or snap.has(dcgm.TENSOR_ACTIVE):
+        legend += ", SM active (orange), tensor pipe active (green), as % of cycles"
+    parts.append(f"<div class='gm-note'>{escape(legend)}</div>")
+    return "".join(parts)
+
+
+def _tile(util: float, label: str, slow: bool) -> str:
+    if math.isnan(util):
+        color, text = "rgba(128,128,128,0.25)", "–"
+    else:
+        # light to dark blue with utilisation; stragglers outlined in red
+        color = f"rgba(59, 125, 216, {0.12 + 0.8 * min(max(util, 0.0), 100.0) / 100:.2f})"
+        text = f"{util:.0f}"
+    border = "2px solid #d9534f" if slow else "1px solid rgba(128,128,128,0.3)"
+    return (
+        f'<span title="{escape(label)}" style="display:inline-block;width:26px;height:18px;'
+        f"margin:1px;text-align:center;font-size:10px;line-height:18px;background:{color};"
+        f'border:{border}">{text}</span>'
+    )
+
+
+def _compact(snap: JobSnapshot, live: bool) -> str:
+    """Past CHARTS_UP_TO GPUs: one chart of the job's median and idlest GPU, tiles per node."""
+    origin, lo, hi, caption = _axis(snap, live)
+    util = snap.field(dcgm.UTIL)
+    x = snap.times - origin
+    has = ~np.isnan(util).all(axis=1)
+    median = np.full(len(x), np.nan)
+    idlest = np.full(len(x), np.nan)
+    if has.any():
+        median[has] = np.nanmedian(util[has], axis=1)
+        idlest[has] = np.nanmin(util[has], axis=1)
+    chart = Chart(
+        [
+            _series("median GPU", x, median, PALETTE["accent"], fill=True),
+            _series("idlest GPU", x, idlest, PALETTE["alloc"]),
+        ],
+        width=2 * CHART_W + 6,
+        height=CHART_H + 36,
+        title=f"{len(snap.gpus)} GPUs: median (filled) and idlest GPU utilisation",
+        y_label=caption,
+        x_min=lo,
+        x_max=hi,
+        y_max=100.0,
+        bands=_bands(snap, origin, lo, hi),
+        y_format=lambda p: f"{p:.0f}%",
+    )
+    latest = latest_values(snap)[:, _U[dcgm.UTIL]]
+    slow = {a.device for a in snap.alerts if a.kind == "straggler"}
+    rows = []
+    for host in snap.hosts:
+        tiles = "".join(
+            _tile(float(latest[i]), f"{g.label}: {fmt_percent(float(latest[i]))}", g.label in slow)
+            for i, g in enumerate(snap.gpus)
+            if g.host == host
+        )
+        rows.append(
+            f"<div style='white-space:nowrap'><span style='display:inline-block;min-width:9em'>"
+            f"{escape(host)}</span>{tiles}</div>"
+        )
+    return render_small_multiples([chart]) + "".join(rows)
+
+
+def _subtitle(snap: JobSnapshot, live: bool) -> str:
+    parts = [f"Prometheus {snap.url}"]
+    if snap.selector:
+        parts.append("{" + snap.selector + "}")
+    parts.append(f"{len(snap.gpus)} GPUs on {len(snap.hosts)} node(s)")
+    parts.append(f"every {_seconds(snap.interval)}")
+    if live and not snap.running:
+        parts.append("stopped")
+    parts.append(f"{snap.polls} polls")
+    if snap.log_path:
+        parts.append(f"log: {snap.log_path}")
+    return " · ".join(parts)
+
+
+def _totals(snap: JobSnapshot) -> list[tuple[str, str]]:
+    items = [("watched", _seconds(max(snap.now - snap.started, 0.0)))]
+    if not math.isnan(snap.energy_wh):
+        items.append(("job energy", fmt_wh(snap.energy_wh)))
+    if snap.price is not None:
+        items.append(
+            (
+                "job cost",
+                f"{fmt_usd(snap.cost_usd)} ({len(snap.gpus)} GPUs × ${snap.price:g}/GPU-h)",
+            )
+        )
+    return items
+
+
+def _cell_rows(snap: JobSnapshot, cells: Sequence[CellRecord]) -> list[list[str]]:
+    rows = []
+    for cell in cells:
+        stats = cell_stats(snap, cell)
+        energy = math.nan if dcgm.ENERGY in snap.missing else cell.energy_mj / 3.6e6
+        rows.append(
+            [
+                _cell_name(cell) + ("" if cell.end is not None else " running"),
+                cell.source,
+                _seconds(cell.duration(snap.now)),
+                fmt_percent(stats.mean_utilization),
+                fmt_percent(stats.min_gpu_utilization),
+                ", ".join(stats.stragglers) or "–",
+                fmt_wh(energy),
+                fmt_usd(cell_cost(snap, cell)),
+            ]
+        )
+    return rows
+
+
+_CELL_HEADERS = ["cell", "source", "time", "job util", "idlest GPU", "stragglers", "energy", "cost"]
+
+
+def _cells_html(snap: JobSnapshot, shown: int = CELLS_SHOWN) -> str:
+    cells = snap.cells[-shown:]
+    if not cells:
+        return ""
+    body = [[escape(c) for c in row] for row in _cell_rows(snap, cells)]
+    return "<h4>Cells <span class='gm-sub'>job-wide</span></h4>" + table(
+        _CELL_HEADERS, body, left=[0, 1, 5]
+    )
+
+
+def _alerts_html(snap: JobSnapshot) -> str:
+    if not snap.alerts:
+        return ""
+    items = "".join(f"<div>⚠ {escape(a.message)}</div>" for a in snap.alerts)
+    return f'<div class="gm-box">{items}</div>'
+
+
+def _notes_html(notes: Sequence[str]) -> str:
+    if not notes:
+        return ""
+    items = "".join(f"<div>{escape(n)}</div>" for n in notes)
+    return f'<details class="gm-note"><summary>{len(notes)} note(s)</summary>{items}</details>'
+
+
+def _body(snap: JobSnapshot, title: str, live: bool) -> str:
+    head = f'<h4>{escape(title)} <span class="gm-sub">{escape(_subtitle(snap, live))}</span></h4>'
+    if not len(snap.times):
+        charts = '<div class="gm-note">no sample yet</div>'
+    elif len(snap.gpus) <= CHARTS_UP_TO:
+        charts = _gpu_charts(snap, live)
+    else:
+        charts = _compact(snap, live)
+    return (
+        head
+        + _alerts_html(snap)
+        + kv((k, escape(v)) for k, v in _totals(snap))
+        + charts
+        + _cells_html(snap)
+        + _notes_html(snap.notes)
+    )
+
+
+# -- public --------------------------------------------------------------------------------
+def live_html(snap: JobSnapshot) -> str:
+    return wrap("watch-job", _body(snap, "gpuwatch · job", live=True))
+
+
+class JobLiveFrame:
+    """LiveView callback: the live frame of ``watcher``, rebuilt only when a sample came in."""
+
+    def __init__(self, watcher: JobWatcher) -> None:
+        self.watcher = watcher
+        self._cached: tuple[int, bool, str] | None = None
+
+    def __call__(self) -> str:
+        seq, running = self.watcher.seq, self.watcher.running
+        cached = self._cached
+        if cached is not None and cached[:2] == (seq, running):
+            return cached[2]
+        html = live_html(self.watcher.snapshot())
+        self._cached = (seq, running, html)
+        return html
+
+
+def _gpu_text_rows(snap: JobSnapshot) -> list[list[str]]:
+    latest = latest_values(snap)
+    slow = {a.device for a in snap.alerts if a.kind == "straggler"}
+    rows = []
+    for i, g in enumerate(snap.gpus):
+        now = latest[i]
+        total = now[_U[dcgm.FB_USED]] + now[_U[dcgm.FB_FREE]]
+        rows.append(
+            [
+                g.host,
+                g.gpu,
+                g.model,
+                fmt_percent(now[_U[dcgm.UTIL]]) + (" straggler" if g.label in slow else ""),
+                f"{_mib(now[_U[dcgm.FB_USED]])} / {_mib(total)}",
+                _num(now[_U[dcgm.POWER]], "W"),
+                _num(now[_U[dcgm.TEMP]], "°C"),
+                fmt_percent(100 * now[_U[dcgm.SM_ACTIVE]]),
+                fmt_percent(100 * now[_U[dcgm.TENSOR_ACTIVE]]),
+            ]
+        )
+    return rows
+
+
+_GPU_HEADERS = ["node", "gpu", "model", "util", "memory", "power", "temp", "SM active", "tensor"]
+
+
+def _text(snap: JobSnapshot, title: str, gpus_shown: int) -> str:
+    lines = [f"{title}: {_subtitle(snap, live=False)}"]
+    lines += [f"  ⚠ {a.message}" for a in snap.alerts]
+    lines.append("  " + " · ".join(f"{k} {v}" for k, v in _totals(snap)))
+    rows = _gpu_text_rows(snap)
+    lines.append(text_table(_GPU_HEADERS, rows[:gpus_shown], left=[0, 1, 2]))
+    if len(rows) > gpus_shown:
+        lines.append(f"  ... {len(rows) - gpus_shown} more GPUs (.gpus has them all)")
+    cells = snap.cells[-CELLS_SHOWN:]
+    if cells:
+        lines.append("Cells (job-wide)")
+        lines.append(text_table(_CELL_HEADERS, _cell_rows(snap, cells), left=[0, 1, 5]))
+    lines += [f"  note: {n}" for n in snap.notes]
+    return "\n".join(lines)
+
+
+def status_text(status: JobStatus) -> str:
+    return _text(status.snapshot, "gpuwatch status · job", CHARTS_UP_TO)
+
+
+def status_html(status: JobStatus) -> str:
+    snap = status.snapshot
+    table_html = table(
+        _GPU_HEADERS, [[escape(c) for c in r] for r in _gpu_text_rows(snap)], left=[0, 1, 2]
+    )
+    body = (
+        f'<h4>gpuwatch status · job <span class="gm-sub">{escape(_subtitle(snap, False))}</span></h4>'
+        + _alerts_html(snap)
+        + kv((k, escape(v)) for k, v in _totals(snap))
+        + table_html
+        + _cells_html(snap)
+        + _notes_html(snap.notes)
+    )
+    return wrap("watch-job-status", body)
+
+
+def result_text(result: JobResult) -> str:
+    snap = result.snapshot
+    text = _text(snap, "gpuwatch summary · job", CHARTS_UP_TO)
+    slow = result.stragglers
+    if not slow.empty:
+        text += f"\nStragglers over the window ({_seconds(snap.window)}): " + ", ".join(
+            f"{r.Hostname} GPU {r.gpu} {fmt_percent(r.utilization)} (median {fmt_percent(r.job_median)})"
+            for r in slow.itertuples()
+        )
+    return text
+
+
+def result_html(result: JobResult) -> str:
+    snap = result.snapshot
+    body = _body(snap, "gpuwatch summary · job", live=False)
+    slow = result.stragglers
+    if not slow.empty:
+        body += (
+            f"<div class='gm-box'>Stragglers over the window ({escape(_seconds(snap.window))}): "
+            + escape(
+                ", ".join(
+                    f"{r.Hostname} GPU {r.gpu} {fmt_percent(r.utilization)} "
+                    f"(median {fmt_percent(r.job_median)})"
+                    for r in slow.itertuples()
+                )
+            )
+            + "</div>"
+        )
+    body += (
+        f"<div class='gm-note'>.series, .gpus, .cells, .stragglers, .xid_errors; stragglers "
+        f"in the header are over the last {STRAGGLER_SPAN_S:.0f} s</div>"
+    )
+    return wrap("watch-job-summary", body)
+
+
+class JobStoppedNote(Rendered):
+    """What the live slot shows once the job watcher stops: one line (the summary is in the
+    cell that stopped it)."""
+
+    def __init__(self, result: JobResult, started: float, stopped: float) -> None:
+        self.line = (
+            f"gpuwatch (job, {len(result.snapshot.gpus)} GPUs) stopped at {_clock(stopped)} after "
+            f"{_seconds(max(stopped - started, 0.0))}; the summary is where it was stopped"
+        ) + (f"; CSV log: {result.log}" if result.log else "")
+
+    def _text(self) -> str:
+        return self.line
+
+    def _html(self) -> str:
+        return wrap("watch-job", f'<div class="gm-note">{escape(self.line)}</div>')
