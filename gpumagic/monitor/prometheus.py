@@ -13,9 +13,7 @@ from __future__ import annotations
 import json
 import math
 import threading
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,6 +120,11 @@ class PrometheusClient:
         return box["body"]
 
     def _fetch(self, url: str, expr: str) -> Any:
+        # imported here: urllib.request pulls in http.client, email and ssl (a few tens of ms)
+        # that `import gpumagic` should not pay for
+        import urllib.error
+        import urllib.request
+
         request = urllib.request.Request(url, headers={"Accept": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:

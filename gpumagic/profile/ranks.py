@@ -380,7 +380,11 @@ def reduce_ranks(
     except (BrokenProcessPool, OSError) as exc:
         # No subprocesses here (a sandbox without /dev/shm, a process limit): the same
         # summaries made in this process, one rank at a time, and the reason on the result.
-        note = f"ranks were analysed in this process: the process pool failed ({type(exc).__name__}: {exc})"
+        note = (
+            "ranks were analysed in this process: the process pool failed "
+            f"({type(exc).__name__}: {exc}); a script that loads traces at its top level "
+            'needs the `if __name__ == "__main__":` guard for worker processes'
+        )
         return Reduced([_checked(summarize_file(p, options)) for p in paths], "this process", note)
 
 
