@@ -27,6 +27,7 @@ peak RSS, and whether the straggler was named.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import shutil
@@ -169,10 +170,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  skipped: {exc}")
             return 0
         gz = sum(f.stat().st_size for f in files)
+        json_bytes = sum(len(gzip.decompress(f.read_bytes())) for f in files)
         largest = max(files, key=lambda f: f.stat().st_size)
         print(
             f"{args.ranks} ranks written from two_ranks in {time.perf_counter() - t:.1f} s: "
-            f"{_mib(gz)} of .json.gz (largest {largest.stat().st_size / 2**10:,.0f} KiB), "
+            f"{_mib(gz)} of .json.gz, {_mib(json_bytes)} of JSON (largest file "
+            f"{largest.stat().st_size / 2**10:,.0f} KiB), "
             f"straggler rank {args.straggler}"
         )
         one = _run(sys.executable, _OURS, largest, work)
