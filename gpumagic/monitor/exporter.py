@@ -251,16 +251,26 @@ def serve_metrics(
     endpoint per kernel: serving again closes the previous one. It stops with its watcher.
     """
     global _current
-    from gpumagic.monitor.watcher import current, watch
+    from gpumagic.monitor.job import JobWatcher
+    from gpumagic.monitor.start import current, watch
 
     _require_client()
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise ValueError(f"port must be an integer from 0 to 65535, got {port!r}")
     own = False
     if watcher is None:
-        watcher = current()
-        if watcher is None:
-            watcher, own = watch(), True
+        running = current()
+        if isinstance(running, JobWatcher):
+            raise ValueError(
+                "serve_metrics serves this kernel's own samples; the watcher running reads a "
+                "job's from Prometheus already (stop it first: %gpuwatch stop)"
+            )
+        if running is None:
+            started = watch()
+            assert not isinstance(started, JobWatcher)
+            watcher, own = started, True
+        else:
+            watcher = running
     with _current_lock:
         previous, _current = _current, None
     if previous is not None:

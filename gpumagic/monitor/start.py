@@ -120,11 +120,8 @@ def current() -> Watcher | JobWatcher | None:
 
 
 def stop_current() -> WatchResult | JobResult | None:
-    """Stop whatever watcher runs (``%unload_ext`` and kernel shutdown) and any metrics
-    endpoint serving it."""
-    from gpumagic.monitor.exporter import stop_serving
-
-    stop_serving()
+    """Stop whatever watcher runs (``%unload_ext`` and kernel shutdown); a metrics endpoint
+    serving it stops with it."""
     job = stop_job()
     local = _local.stop_current()
     return job if job is not None else local

@@ -113,6 +113,17 @@ def test_the_job_view_reads_two_nodes_through_prometheus(cluster, wshell, tmp_pa
     assert gpus.loc[STRAGGLER, "utilization"] in _served(cluster, *STRAGGLER, dcgm.UTIL)
     assert gpus.loc[("node-a", "0"), "modelName"] == "NVIDIA H100 80GB HBM3"
 
+    # the live frame: rebuilt only when a sample came in
+    from gpumagic.render.job import JobLiveFrame
+
+    frame = JobLiveFrame(w)
+    first = frame()
+    assert "node-a" in first and "node-b GPU 2 at" in first and first.count("<svg") == 8
+    assert frame() is first or w.seq != frame._cached[0]
+    # serving this kernel's samples is not what a job view is for
+    with pytest.raises(ValueError, match="reads a job's from Prometheus"):
+        serve_metrics(0)
+
     result = w.stop()
     assert isinstance(result, JobResult) and current() is None
     series = result.series
