@@ -301,13 +301,16 @@ class Rank:
 
 def number_ranks(declared: Sequence[int | None], files: Sequence[str | Path]) -> list[int]:
     """Each file's rank: ``distributedInfo.rank`` when the writer recorded it (and no earlier
-    file took it), else a number in the file name, else the position in the directory."""
+    file took it), else a number in the file name, else the position in the directory, or
+    the next number no file took (two files with one number would make one unreachable)."""
     seen: set[int] = set()
     out: list[int] = []
     for i, (rank, f) in enumerate(zip(declared, files)):
         if rank is None or rank in seen:
             m = _RANK_IN_NAME.search(Path(f).name)
             rank = int(m.group(1)) if m and int(m.group(1)) not in seen else i
+            while rank in seen:
+                rank += 1
         seen.add(rank)
         out.append(rank)
     return out

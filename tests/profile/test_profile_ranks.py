@@ -215,3 +215,12 @@ def test_ranks_within_the_noise_are_not_named(job):
     r = load_trace(job)
     # the copies of real rank 1 do 3% more work per step than those of rank 0: within the noise
     assert list(r.slow_ranks["rank"]) == [STRAGGLER]
+
+
+def test_every_rank_gets_its_own_number():
+    from gpumagic.profile.ranks import number_ranks
+
+    # declared ranks first, then numbers in names, then positions, never one number twice
+    assert number_ranks([1, None, None], ["a.json", "b.json", "rank-1.json"]) == [1, 2, 3]
+    assert number_ranks([0, 0, None], ["x.json", "rank_5.json", "y.json"]) == [0, 5, 2]
+    assert number_ranks([None, None], ["rank3.json", "rank-3.json"]) == [3, 1]
