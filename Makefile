@@ -16,7 +16,7 @@ $(BIN)/python:
 
 $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
-	$(BIN)/pip install -q -e ".[test,bench]"
+	$(BIN)/pip install -q -e ".[test,dev,bench]"
 	touch $@
 
 setup: $(VENV)/.installed
@@ -39,9 +39,9 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-## everything but the browser and notebook tests
+## everything but the browser, notebook and slow (build and install the package) tests
 test-fast: setup
-	$(BIN)/python -m pytest -m "not browser and not notebooks" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not browser and not notebooks and not slow" $(PYTEST_ARGS)
 
 ## speed and memory targets, as ratios measured in one run
 bench: setup

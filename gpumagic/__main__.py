@@ -1,4 +1,10 @@
-"""Command line: ``python -m gpumagic demo`` and ``python -m gpumagic analyze TRACE``."""
+"""Command line: ``gpumagic demo`` and ``gpumagic analyze TRACE`` (also ``python -m gpumagic ...``).
+
+Usage and error lines name the command as it was typed: the console script passes nothing
+and is ``gpumagic``; ``python -m gpumagic`` passes its own name below. argparse's default
+(the basename of ``sys.argv[0]``) would say ``__main__.py`` for the second, and a name fixed
+in one parser made ``gpumagic --help`` and ``python -m gpumagic analyze -h`` disagree.
+"""
 
 from __future__ import annotations
 
@@ -55,11 +61,14 @@ def demo(out: Path) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The ``gpumagic`` command (and ``python -m gpumagic``); returns the exit status."""
+def main(argv: list[str] | None = None, prog: str = "gpumagic") -> int:
+    """The ``gpumagic`` command (and ``python -m gpumagic``); returns the exit status.
+
+    ``prog`` is the command's name in usage and error lines, subcommands included.
+    """
     try:
         try:
-            return _dispatch(argv)
+            return _dispatch(argv, prog)
         finally:  # also after argparse's --help exit: a closed pipe shows here, not at exit
             sys.stdout.flush()
     except BrokenPipeError:
@@ -75,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         return 141
 
 
-def _dispatch(argv: list[str] | None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpumagic")
+def _dispatch(argv: list[str] | None, prog: str) -> int:
+    parser = argparse.ArgumentParser(prog=prog)
     sub = parser.add_subparsers(dest="command", required=True)
     p_demo = sub.add_parser("demo", help="trace a training cell with %%memtrace, write HTML")
     p_demo.add_argument("--out", type=Path, default=Path("out"))
@@ -86,8 +95,8 @@ def _dispatch(argv: list[str] | None) -> int:
         return demo(args.out)
     from gpumagic.profile.cli import main as analyze
 
-    return analyze(rest)
+    return analyze(rest, prog=f"{prog} analyze")
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(prog="python -m gpumagic"))

@@ -14,6 +14,11 @@ What it guarantees, so that a cell behaves exactly as it would without the magic
 * A syntax error is shown as IPython shows one for a plain cell (see
   :func:`install_syntax_error_display`).
 
+A measured run (``%%memtrace``, ``%%gpuprofile``): :func:`run_measured` takes the cell
+through one lifecycle, start, a probe before each statement, stop, finish, show (see
+:class:`MeasuredRun`). Everything a run acquires is acquired inside the region that releases
+it, and Ctrl-C outside the cell's own code waits until the run's resources are released.
+
 Instrumentation (``%%memtrace``): a probe call before each statement of the cell,
 including statements inside ``for``/``while``/``if``/``with``/``try``/``match`` bodies.
 There is deliberately no ``sys.settrace``: library code the cell calls runs at full speed
@@ -34,15 +39,22 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from types import CodeType, FrameType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+from gpumagic.interrupts import HeldInterrupts, interruptible
 
 __all__ = [
+    "MeasuredRun",
     "PreparedCell",
+    "Presenter",
     "Probe",
     "Statement",
+    "error_text",
     "execute",
     "install_syntax_error_display",
+    "interruptible",
     "prepare",
+    "run_measured",
 ]
 
 _run_ids = itertools.count(1)
@@ -396,14 +408,14 @@ def execute(shell: Any, prepared: PreparedCell, probe: Probe | None = None) -> A
     """
     __tracebackhide__ = True
     installed: list[str] = []
-    if prepared.hook_names:
-        if probe is None:
-            raise ValueError("an instrumented cell needs a probe")
-        hooks = {"enter": probe.enter, "loop": _loop_hook(probe.enter)}
-        for role, name in prepared.hook_names.items():
-            setattr(builtins, name, hooks[role])
-            installed.append(name)
     try:
+        if prepared.hook_names:
+            if probe is None:
+                raise ValueError("an instrumented cell needs a probe")
+            hooks = {"enter": probe.enter, "loop": _loop_hook(probe.enter)}
+            for role, name in prepared.hook_names.items():
+                installed.append(name)  # first: the finally removes it whatever comes next
+                setattr(builtins, name, hooks[role])
         glob, loc = shell.user_global_ns, shell.user_ns
         if prepared.body is not None:
             exec(prepared.body, glob, loc)
@@ -413,3 +425,119 @@ def execute(shell: Any, prepared: PreparedCell, probe: Probe | None = None) -> A
     finally:
         for name in installed:
             builtins.__dict__.pop(name, None)
+
+
+# ---------------------------------------------------------------------------------------------
+# A measured run: the one lifecycle of every magic that measures its cell
+
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+R_contra = TypeVar("R_contra", contravariant=True)
+
+
+class MeasuredRun(Protocol[R_co]):
+    """One cell measured from start to finish (``%%memtrace``, ``%%gpuprofile``); the order
+    of the calls is :func:`run_measured`'s.
+
+    * ``start()`` acquires what the measurement needs (open files, a temporary folder,
+      torch's profiler, hooks) and returns the probe whose ``enter(i)`` runs before each
+      statement (None for a cell prepared without instrumentation). It returns the probe
+      rather than being one so that a statement boundary costs one call, not two. It may
+      fail or be interrupted part way: what it acquired by then is released by ``stop`` and
+      ``close``, which run all the same.
+    * ``stop()`` ends the measuring the moment the cell ends (profiler off, hooks removed,
+      the open statement closed), after a failure of ``start`` too; a failure of its own
+      becomes a note of the result, never an exception.
+    * ``finish(error)`` builds the result to show from what was measured; ``error`` is the
+      cell's exception, or None. Not called when ``start`` failed: there is nothing to show.
+      A failure of its own is said in the result; only an interrupt (see
+      :func:`~gpumagic.interrupts.interruptible`) leaves it.
+    * ``close()`` releases everything still held; always called, last.
+    """
+
+    def start(self) -> Probe | None: ...
+
+    def stop(self) -> None: ...
+
+    def finish(self, error: BaseException | None) -> R_co: ...
+
+    def close(self) -> None: ...
+
+
+class Presenter(Protocol[R_contra]):
+    """The front end of a measured run: ``start()`` once the run started (a live view that
+    draws the run's status), ``show(result)`` always, last (None when the run has nothing to
+    show: its start failed, or its finishing was interrupted)."""
+
+    def start(self) -> object: ...
+
+    def show(self, result: R_contra | None) -> None: ...
+
+
+def run_measured(
+    shell: Any, prepared: PreparedCell, run: MeasuredRun[R], presenter: Presenter[R]
+) -> Any:
+    """Run ``prepared`` under ``run``, show the result with ``presenter``, return the cell's
+    value (see :func:`execute`).
+
+    * Every acquisition (``run.start``, ``presenter.start``) happens inside the region whose
+      ``finally`` releases it (``run.stop``, ``run.close``, ``presenter.show``): an
+      exception at any point of the run leaks nothing.
+    * Ctrl-C: while the cell's own code runs it interrupts the cell, as without the magic.
+      Around it, while resources change hands, it is held (a Python-level SIGINT handler
+      that only records it: :class:`~gpumagic.interrupts.HeldInterrupts`) and delivered
+      at the first safe point: as the cell starts, or once everything is released;
+      ``finish`` may open :func:`~gpumagic.interrupts.interruptible` windows (a long
+      analysis).
+    * After the cell's error the partial result is shown, then the cell's exception
+      propagates once, unchanged (its traceback, its line numbers; a Ctrl-C held meanwhile
+      is dropped: the cell has ended already). When ``start`` fails, nothing is shown and
+      its exception propagates once the run is released.
+    """
+    __tracebackhide__ = True
+    error: BaseException | None = None
+    value: Any = None
+    result: R | None = None
+    ran = False
+    with HeldInterrupts() as held:
+        try:
+            try:
+                try:
+                    probe = run.start()
+                    presenter.start()
+                    ran = True
+                    with held.let_through():
+                        value = execute(shell, prepared, probe)
+                finally:
+                    run.stop()
+            except BaseException as exc:  # the cell's, or an interrupt of the run's start
+                error = exc
+            if ran:
+                try:
+                    result = run.finish(error)
+                except BaseException as exc:  # interrupted while finishing
+                    error = exc if error is None else error
+        finally:
+            try:
+                run.close()
+            finally:
+                try:
+                    presenter.show(result)
+                except BaseException as exc:  # never in place of the cell's own error
+                    error = exc if error is None else error
+    if error is not None:
+        raise error
+    held.deliver()
+    return value
+
+
+def error_text(exc: BaseException, limit: int = 300) -> str:
+    """``"ValueError: first line of its message"`` for a report. Never raises: a user's
+    exception whose ``__str__`` raises (or returns a non-string) is named by its type."""
+    name = type(exc).__name__
+    try:
+        text = str(exc).strip()
+    except Exception:
+        return name
+    first = text.splitlines()[0] if text else ""
+    return (f"{name}: {first}" if first else name)[:limit]

@@ -3,7 +3,7 @@
 It follows torch 2.13's Python layer where it matters for the tests: the functions that run
 ``torch.cuda._lazy_init()`` (``current_device``, ``get_device_name``,
 ``get_device_properties``, ``synchronize``, ``mem_get_info``) fail the test when called
-before CUDA is "initialised" (audit M1), and ``memory_stats_as_nested_dict`` answers ``{}``
+before CUDA is "initialised" (gpumagic must never initialise it), and ``memory_stats_as_nested_dict`` answers ``{}``
 until then, as torch's does. Values are whatever a test sets. Tests only.
 """
 

@@ -1,6 +1,7 @@
-"""Audit findings (issue 9) on %%gpuprofile, through a real IPython shell and real torch on the
-CPU: the new TF32 API (B1), failures after the cell ran (B1, M9), a CUDA run whose trace holds
-no GPU events (M7), the first marked step (M8), autocast read from the trace (M10).
+"""%%gpuprofile's recording and ending (issue 9), through a real IPython shell and real torch
+on the CPU: torch flags read one by one (the new TF32 API), failures after the cell ran kept
+apart from the cell's outcome, a CUDA run whose trace holds no GPU events, the first marked
+step, autocast read from the trace.
 
 Where only a GPU shows the behaviour, torch is patched in the narrowest place (what the
 profiler says it supports, whether Kineto reports a stop, a stop() that raises) and the real
@@ -74,7 +75,7 @@ def _profiler_off() -> bool:
     )
 
 
-# --- B1 ---------------------------------------------------------------------------------------
+# --- the new TF32 API, and failures after the cell ran ----------------------------------------
 
 
 @pytest.fixture
@@ -86,7 +87,7 @@ def new_tf32_api():
     matmul.fp32_precision = before
 
 
-def test_b1_cell_with_fp32_precision_tf32_is_profiled(ip, run, new_tf32_api):
+def test_cell_with_fp32_precision_tf32_is_profiled(ip, run, new_tf32_api):
     with pytest.raises(RuntimeError, match="mix of the legacy and new APIs"):
         torch.backends.cuda.matmul.allow_tf32  # noqa: B018  (what broke the magic)
     r = run("%%gpuprofile -q\n" + MATMUL + "x.shape[0]\n")
@@ -100,7 +101,7 @@ def test_b1_cell_with_fp32_precision_tf32_is_profiled(ip, run, new_tf32_api):
     assert p.live.cudnn_benchmark is not None  # the other flags are still read
 
 
-def test_b1_failed_capture_keeps_the_profile_ends_the_live_view_and_raises_the_cells_error(
+def test_failed_capture_keeps_the_profile_ends_the_live_view_and_raises_the_cells_error(
     ip, run, live_views, monkeypatch
 ):
     from gpumagic.profile.record import session as live
@@ -121,7 +122,7 @@ def test_b1_failed_capture_keeps_the_profile_ends_the_live_view_and_raises_the_c
     assert len(live_views) == 1 and _finished(live_views[0])
 
 
-def test_b1_failed_analysis_is_a_note_the_trace_is_kept_and_the_value_returned(
+def test_failed_analysis_is_a_note_the_trace_is_kept_and_the_value_returned(
     ip, run, live_views, monkeypatch, private_tmp
 ):
     from gpumagic.profile import load
@@ -148,7 +149,7 @@ def test_b1_failed_analysis_is_a_note_the_trace_is_kept_and_the_value_returned(
     assert len(live_views) == 1 and _finished(live_views[0])
 
 
-def test_b1_failed_diagnosis_keeps_the_partial_result(ip, run, monkeypatch, private_tmp):
+def test_failed_diagnosis_keeps_the_partial_result(ip, run, monkeypatch, private_tmp):
     from gpumagic.profile import result
 
     def broken(analysis, live=None):
@@ -165,10 +166,10 @@ def test_b1_failed_diagnosis_keeps_the_partial_result(ip, run, monkeypatch, priv
     assert "the partial result is in _gpuprofile" in text
 
 
-# --- M7 ---------------------------------------------------------------------------------------
+# --- a CUDA recording whose trace holds no GPU events -----------------------------------------
 
 
-def test_m7_cuda_recordable_needs_kineto_cuda_and_a_gpu(monkeypatch):
+def test_cuda_recordable_needs_kineto_cuda_and_a_gpu(monkeypatch):
     from torch.profiler import ProfilerActivity
 
     from gpumagic.profile.record.recorder import cuda_recordable
@@ -203,7 +204,7 @@ def cuda_believed(monkeypatch):
 
 
 @pytest.mark.filterwarnings(_NO_CUDA_WARNING)
-def test_m7_cuda_recorded_but_no_gpu_events_says_so(ip, run, cuda_believed):
+def test_cuda_recorded_but_no_gpu_events_says_so(ip, run, cuda_believed):
     r = run("%%gpuprofile\n" + MATMUL)
     assert r.result.success, r.result.error_in_exec
     p = ip.user_ns["_gpuprofile"]
@@ -218,7 +219,7 @@ def test_m7_cuda_recorded_but_no_gpu_events_says_so(ip, run, cuda_believed):
 
 
 @pytest.mark.filterwarnings(_NO_CUDA_WARNING)
-def test_m7_cpu_only_cell_on_a_cuda_machine_gets_no_note(ip, run, cuda_believed, monkeypatch):
+def test_cpu_only_cell_on_a_cuda_machine_gets_no_note(ip, run, cuda_believed, monkeypatch):
     # no CUDA allocation during the cell (or CUDA never initialised): it ran on the CPU
     monkeypatch.setattr(cuda_believed, "_cuda_used", lambda at_start: False)
     r = run("%%gpuprofile -q\n" + MATMUL)
@@ -226,7 +227,7 @@ def test_m7_cpu_only_cell_on_a_cuda_machine_gets_no_note(ip, run, cuda_believed,
     assert _own_notes(ip.user_ns["_gpuprofile"]) == []
 
 
-def test_m7_the_cell_used_the_gpu_when_cuda_memory_moved(monkeypatch):
+def test_the_cell_used_the_gpu_when_cuda_memory_moved(monkeypatch):
     from gpumagic.profile.record import recorder as record
 
     stats = {"allocation": {"all": {"allocated": 7, "peak": 3}}, "allocated_bytes": {"all": {}}}
@@ -242,7 +243,7 @@ def test_m7_the_cell_used_the_gpu_when_cuda_memory_moved(monkeypatch):
     assert record._cuda_used(start) is True
 
 
-def test_m7_kineto_log_level_is_not_left_for_the_kernel_and_its_children(ip, run, monkeypatch):
+def test_kineto_log_level_is_not_left_for_the_kernel_and_its_children(ip, run, monkeypatch):
     monkeypatch.delenv("KINETO_LOG_LEVEL", raising=False)
     r = run("%%gpuprofile -q\n" + MATMUL)
     assert r.result.success
@@ -259,10 +260,10 @@ def test_m7_kineto_log_level_is_not_left_for_the_kernel_and_its_children(ip, run
     assert os.environ["KINETO_LOG_LEVEL"] == "3"
 
 
-# --- M8 ---------------------------------------------------------------------------------------
+# --- the first marked step: first-call setup --------------------------------------------------
 
 
-def test_m8_first_marked_step_left_out_by_default_and_keep_first_keeps_it(ip, run):
+def test_first_marked_step_left_out_by_default_and_keep_first_keeps_it(ip, run):
     r = run("%%gpuprofile\n" + STEPS)
     assert r.result.success, r.result.error_in_exec
     p = ip.user_ns["_gpuprofile"]
@@ -284,21 +285,21 @@ def test_m8_first_marked_step_left_out_by_default_and_keep_first_keeps_it(ip, ru
     assert s["step_time_max_us"] >= 50_000
 
 
-def test_m8_an_only_marked_step_is_kept(ip, run):
+def test_an_only_marked_step_is_kept(ip, run):
     r = run("%%gpuprofile -q\n" + MATMUL + "gpumagic.step()\n")
     assert r.result.success
     s = ip.user_ns["_gpuprofile"].summary
     assert s["steps"] == 1 and s["first_step_left_out"] is False
 
 
-def test_m8_schedule_keeps_its_own_window(ip, run):
+def test_schedule_keeps_its_own_window(ip, run):
     r = run("%%gpuprofile -q --wait 1 --warmup 1 --active 2\n" + STEPS)
     assert r.result.success
     s = ip.user_ns["_gpuprofile"].summary
     assert s["steps"] == 2 and s["first_step_left_out"] is False
 
 
-def test_m8_device_collection_stopped_early_is_noted(ip, run, monkeypatch):
+def test_device_collection_stopped_early_is_noted(ip, run, monkeypatch):
     """Kineto reports a stop after the third mark; torch's own profiler then writes the trace
     so far (RECORD -> DEVICE_STOPPED) and records nothing more."""
     from gpumagic.profile.record import recorder as record
@@ -328,10 +329,10 @@ def test_m8_device_collection_stopped_early_is_noted(ip, run, monkeypatch):
     assert "--wait/--warmup/--active" in _own_notes(p)[-1]
 
 
-# --- M9 ---------------------------------------------------------------------------------------
+# --- torch's stop() failing, as after a sticky CUDA error -------------------------------------
 
 
-def test_m9_profiler_stop_failing_leaves_nothing_running_and_raises_the_cells_error(
+def test_profiler_stop_failing_leaves_nothing_running_and_raises_the_cells_error(
     ip, run, live_views, monkeypatch, private_tmp
 ):
     from gpumagic.profile.record.recorder import current
@@ -361,7 +362,7 @@ def test_m9_profiler_stop_failing_leaves_nothing_running_and_raises_the_cells_er
     assert _profiler_off()
 
 
-def test_m9_a_cell_that_ran_keeps_its_value_when_stop_fails(ip, run, monkeypatch):
+def test_a_cell_that_ran_keeps_its_value_when_stop_fails(ip, run, monkeypatch):
     def stop(self):
         raise RuntimeError("CUDA error: unspecified launch failure")
 
@@ -373,7 +374,7 @@ def test_m9_a_cell_that_ran_keeps_its_value_when_stop_fails(ip, run, monkeypatch
     assert _profiler_off()
 
 
-# --- M10 --------------------------------------------------------------------------------------
+# --- autocast read from the trace -------------------------------------------------------------
 
 
 def _autocast_ops(p) -> set[str]:
@@ -383,7 +384,7 @@ def _autocast_ops(p) -> set[str]:
     return {host.name.at(i) for i in np.flatnonzero(autocast_matmuls(p.primary))}
 
 
-def test_m10_autocast_is_read_from_the_trace_not_the_cell_text(ip, run):
+def test_autocast_is_read_from_the_trace_not_the_cell_text(ip, run):
     r = run(
         "%%gpuprofile -q\n"
         "import torch\n"

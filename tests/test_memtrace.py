@@ -226,12 +226,12 @@ def test_oom_frames_are_reported_then_released(ip, run):
 
 
 def test_a_report_that_runs_out_of_memory_itself_still_releases_and_raises_once(ip, run, monkeypatch):
-    import gpumagic.memory.session as session
+    import gpumagic.memory.oom as oom
 
     def exhausted(*args, **kwargs):
         raise MemoryError("no room left to build the report")
 
-    monkeypatch.setattr(session, "named_tensors", exhausted)
+    monkeypatch.setattr(oom, "named_tensors", exhausted)
     r = run(
         "%%memtrace\n"
         "import weakref\n"
@@ -305,17 +305,21 @@ def test_many_iterations_keep_the_timeline_bounded(ip, run):
 
 def test_live_view_html_from_probe_data(ip):
     from gpumagic.cell import prepare
-    from gpumagic.memory.session import TraceSession
+    from gpumagic.memory.run import MemtraceRun
     from gpumagic.render.memtrace import memtrace_live_html
 
     prepared = prepare(ip, "x = torch.ones(2**24)\ny = 1\n", "%%memtrace", instrument=True)
-    session = TraceSession(prepared.statements, ip.user_ns)
-    probe = session.probe
-    probe.enter(0)
-    ip.user_ns["x_live"] = torch.ones(2**24)
-    probe.enter(1)  # statement 1 (line 3) is running now
-    html = memtrace_live_html(session.tracer)
-    session.finish()
+    run = MemtraceRun(prepared.statements, ip.user_ns)
+    try:
+        probe = run.start()
+        probe.enter(0)
+        ip.user_ns["x_live"] = torch.ones(2**24)
+        probe.enter(1)  # statement 1 (line 3) is running now
+        html = memtrace_live_html(run.status())
+        run.stop()
+        run.finish(None)
+    finally:
+        run.close()
     assert 'class="gpumagic gpumagic-memtrace-live"' in html
     assert "running line 3 (hit 1)" in html
     assert "<svg" in html and "<polyline" in html
@@ -346,7 +350,8 @@ def test_sampled_peak_fallback_sees_a_transient_allocation():
         sampled.close()
 
 
-# -- the CUDA paths on the CPU, through tests/cuda_double.py (audit M1, M2, M3, M6, M12, S1, S2)
+# -- the CUDA paths on the CPU, through tests/cuda_double.py: CUDA never initialised, the OOM
+# -- report following the error, host time and --sync, the allocator's backend, cheap reads
 
 
 @pytest.fixture
@@ -358,7 +363,7 @@ def fake_cuda(monkeypatch, ip):
     return fake
 
 
-def test_m1_memtrace_never_initialises_cuda(ip, run, fake_cuda):
+def test_memtrace_never_initialises_cuda(ip, run, fake_cuda):
     for cell in (
         "%%memtrace -q\nx = 1\ny = [x] * 3\n",
         "%%memtrace -q --device cuda\nx = 2\n",
@@ -379,7 +384,7 @@ def test_m1_memtrace_never_initialises_cuda(ip, run, fake_cuda):
     assert row(t, 2).delta_bytes == 64 * MiB and row(t, 3).delta_bytes == 0
 
 
-def test_s1_probe_reads_the_nested_stats_not_the_flattened_ones(ip, run, fake_cuda):
+def test_probe_reads_the_nested_stats_not_the_flattened_ones(ip, run, fake_cuda):
     fake_cuda.allocate(0)  # CUDA in use before the cell
     r = run(
         "%%memtrace -q\n"
@@ -398,7 +403,7 @@ def test_s1_probe_reads_the_nested_stats_not_the_flattened_ones(ip, run, fake_cu
     assert fake_cuda.calls["memory_stats_as_nested_dict"] == 3 + int(t.lines["hits"].sum())
 
 
-def test_m6_time_on_cuda_is_host_time_and_says_so(ip, run, fake_cuda):
+def test_time_on_cuda_is_host_time_and_says_so(ip, run, fake_cuda):
     fake_cuda.allocate(0)
     r = run("%%memtrace\na = 1\nb = 2\n")
     t = ip.user_ns["_memtrace"]
@@ -410,7 +415,7 @@ def test_m6_time_on_cuda_is_host_time_and_says_so(ip, run, fake_cuda):
     assert fake_cuda.calls["synchronize"] == 0  # no sync unless asked
 
 
-def test_m6_sync_charges_each_statement_its_gpu_work_and_states_the_cost(ip, run, fake_cuda):
+def test_sync_charges_each_statement_its_gpu_work_and_states_the_cost(ip, run, fake_cuda):
     fake_cuda.allocate(0)
     fake_cuda.sync_seconds = 0.02  # each wait: the GPU work the statement queued
     r = run("%%memtrace --sync\na = 1\nb = 2\n")
@@ -427,7 +432,7 @@ def test_m6_sync_charges_each_statement_its_gpu_work_and_states_the_cost(ip, run
     assert "The waits took" in html and "up to that much longer" in html
 
 
-def test_m6_sync_waits_for_nothing_before_cuda_is_initialised(ip, run, fake_cuda):
+def test_sync_waits_for_nothing_before_cuda_is_initialised(ip, run, fake_cuda):
     r = run("%%memtrace -q --sync\na = 1\nfake.allocate(2**20)\nb = 2\n")
     assert r.result.success, r.result.error_in_exec
     t = ip.user_ns["_memtrace"]
@@ -435,7 +440,7 @@ def test_m6_sync_waits_for_nothing_before_cuda_is_initialised(ip, run, fake_cuda
     assert t.sync_count == 2  # the two boundaries after the cell initialised CUDA
 
 
-def test_m6_a_failing_sync_never_becomes_the_cells_error(ip, run, fake_cuda):
+def test_a_failing_sync_never_becomes_the_cells_error(ip, run, fake_cuda):
     fake_cuda.allocate(0)
     fake_cuda.sync_error = torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
     r = run("%%memtrace\na = 1\nb = 2\n")
@@ -450,7 +455,7 @@ def test_m6_a_failing_sync_never_becomes_the_cells_error(ip, run, fake_cuda):
     assert "--sync stopped" in r.html()
 
 
-def test_m6_sync_on_the_host_is_accepted_and_says_it_has_no_effect(ip, run):
+def test_sync_on_the_host_is_accepted_and_says_it_has_no_effect(ip, run):
     r = run("%%memtrace --sync --device host\nx = 1\n")
     assert r.result.success, r.result.error_in_exec
     t = ip.user_ns["_memtrace"]
@@ -459,7 +464,7 @@ def test_m6_sync_on_the_host_is_accepted_and_says_it_has_no_effect(ip, run):
     assert "--sync has no effect" in r.html()
 
 
-def test_m2_host_oom_on_a_gpu_machine_is_a_host_report(ip, run, fake_cuda):
+def test_host_oom_on_a_gpu_machine_is_a_host_report(ip, run, fake_cuda):
     fake_cuda.allocate(512 * 2**20)  # CUDA in use: %%memtrace tracks cuda:0
     r = run(
         "%%memtrace\n"
@@ -489,7 +494,7 @@ def test_m2_host_oom_on_a_gpu_machine_is_a_host_report(ip, run, fake_cuda):
         "RuntimeError('cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED')",
     ],
 )
-def test_m3_cuda_oom_errors_outside_the_allocator_get_the_report_and_release(
+def test_cuda_oom_errors_outside_the_allocator_get_the_report_and_release(
     ip, run, fake_cuda, raise_it
 ):
     fake_cuda.allocate(3 * 2**30)
@@ -513,7 +518,7 @@ def test_m3_cuda_oom_errors_outside_the_allocator_get_the_report_and_release(
     assert ip.user_ns["refs"][0]() is None, "the failed call's frames still hold its tensors"
 
 
-def test_m3_accelerator_oom_while_tracing_the_host_is_still_an_oom(ip, run):
+def test_accelerator_oom_while_tracing_the_host_is_still_an_oom(ip, run):
     r = run(
         "%%memtrace -q --device host\n"
         "import weakref\n"
@@ -531,7 +536,7 @@ def test_m3_accelerator_oom_while_tracing_the_host_is_still_an_oom(ip, run):
     assert ip.user_ns["refs"][0]() is None
 
 
-def test_m12_cuda_that_fails_to_initialise_falls_back_to_host(ip, run, fake_cuda, monkeypatch):
+def test_cuda_that_fails_to_initialise_falls_back_to_host(ip, run, fake_cuda, monkeypatch):
     def broken() -> int:
         raise RuntimeError("CUDA driver initialization failed, you might not have a CUDA gpu.")
 
@@ -547,7 +552,7 @@ def test_m12_cuda_that_fails_to_initialise_falls_back_to_host(ip, run, fake_cuda
     assert "unusable" in str(r.result.error_in_exec) and "usage: %%memtrace" in str(r.result.error_in_exec)
 
 
-def test_m12_cuda_malloc_async_backend_caveat(ip, run, fake_cuda, monkeypatch):
+def test_cuda_malloc_async_backend_caveat(ip, run, fake_cuda, monkeypatch):
     from gpumagic.memory.probes import allocator_backend_note
 
     fake_cuda.allocate(0)
@@ -564,14 +569,14 @@ def test_m12_cuda_malloc_async_backend_caveat(ip, run, fake_cuda, monkeypatch):
     assert allocator_backend_note({"PYTORCH_ALLOC_CONF": "backend: cudaMallocAsync"}) != ""
 
 
-def test_s2_the_device_filter_reads_tensor_fields_not_device_objects():
+def test_the_device_filter_reads_tensor_fields_not_device_objects():
     from types import SimpleNamespace
 
-    from gpumagic.memory.holders import device_filter
+    from gpumagic.memory.device import tensor_filter as device_filter
 
     class NoDeviceObject(SimpleNamespace):
         @property
-        def device(self):  # building a torch.device per tensor is what S2 removed
+        def device(self):  # a torch.device built per tensor: too slow on the probe path
             raise AssertionError("t.device was built")
 
     on_cuda1 = NoDeviceObject(is_cuda=True, is_cpu=False, get_device=lambda: 1)

@@ -23,7 +23,7 @@ def _cuda(ip):
     torch.cuda.empty_cache()
 
 
-def test_t8_cuda_deltas_peaks_and_reserved(ip, run):
+def test_cuda_deltas_peaks_and_reserved(ip, run):
     r = run(
         "%%memtrace -q\n"
         "a = torch.zeros(16 * 2**20, device='cuda')\n"
@@ -51,7 +51,7 @@ def test_cuda_loop_accumulates_hits(ip, run):
     assert rows.loc[4, "delta_bytes"] == 4 * 4 * MiB
 
 
-def test_t8_real_cuda_oom_report_and_memory_comes_back(ip, run):
+def test_real_cuda_oom_report_and_memory_comes_back(ip, run):
     import torch
 
     baseline = torch.cuda.memory_allocated()
@@ -115,8 +115,9 @@ print(json.dumps(seen))
 '''
 
 
-def test_m1_t6_memtrace_gpuenv_and_the_watcher_leave_cuda_uninitialised():
-    """T6/M1, in a fresh process (this one's CUDA was initialised by the fixtures)."""
+def test_memtrace_gpuenv_and_the_watcher_leave_cuda_uninitialised():
+    """Nothing of gpumagic initialises CUDA on a GPU machine, in a fresh process (this one's
+    CUDA was initialised by the fixtures)."""
     import json
     import os
     import subprocess
@@ -145,7 +146,7 @@ def test_m1_t6_memtrace_gpuenv_and_the_watcher_leave_cuda_uninitialised():
     assert seen["in_use_after_tensor"] is True, seen  # a context is
 
 
-def test_m6_sync_moves_the_gpu_time_to_the_statement_that_queued_it(ip, run):
+def test_sync_moves_the_gpu_time_to_the_statement_that_queued_it(ip, run):
     cell = (
         "a = torch.randn(8192, 8192, device='cuda')\n"
         "torch.cuda.synchronize()\n"
@@ -175,7 +176,7 @@ def test_m6_sync_moves_the_gpu_time_to_the_statement_that_queued_it(ip, run):
     ip.user_ns.pop("b", None)
 
 
-def test_m2_host_oom_on_the_gpu_machine_is_a_host_report(ip, run):
+def test_host_oom_on_the_gpu_machine_is_a_host_report(ip, run):
     r = run(
         "%%memtrace -q\n"
         "g = torch.ones(2**20, device='cuda')\n"

@@ -2,7 +2,7 @@
 
 Each reader returns plain values and never raises for a missing piece (no torch, no driver,
 no NVML library, an unreadable ``/proc`` file): the report says what was missing instead.
-torch's CUDA state is never initialised here (audit M1): ``torch.cuda.is_available()`` and
+torch's CUDA state is never initialised here: ``torch.cuda.is_available()`` and
 ``device_count()`` leave it alone, while ``get_device_properties()`` would run
 ``_lazy_init``, after which every ``fork`` (DataLoader workers, multiprocessing) fails with
 "Cannot re-initialize CUDA in forked subprocess". So the GPUs' names and memory come from
@@ -327,8 +327,8 @@ def read_nvml() -> NvmlState:
 
 
 def _memory_info(pynvml: Any, handle: Any) -> Any:
-    """NVML's memory info as nvidia-smi (R510+) and ``%gpuwatch`` report it (audit M11):
-    the v2 struct's "used" leaves out the driver's reserved memory, which v1's includes (a
+    """NVML's memory info as nvidia-smi (R510+) and ``%gpuwatch`` report it: the
+    v2 struct's "used" leaves out the driver's reserved memory, which v1's includes (a
     few hundred MiB "used" on an idle H100). v1 only where v2 is missing."""
     version = getattr(pynvml, "nvmlMemory_v2", None)
     if version is not None:

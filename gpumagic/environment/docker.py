@@ -214,53 +214,15 @@ def dockerfile_text(
     """The Dockerfile: ``requirements`` is the requirements file's name, beside it (the build
     context is the Dockerfile's folder); ``torch_pins`` the ``torch==...`` lines installed from
     ``index_url`` first; ``local`` the distributions installed from local folders."""
-    lines = [
-        f"# Frozen by {header.by} (%gpuenv --freeze) on {header.when}",
-        f"# from Python {header.python} on {_one_line(header.platform)}; torch "
-        + (f"{header.torch_version} ({header.torch_build})" if header.torch_version else "not installed"),
-        f"# Base image {base.tag}:",
-        *(f"#   {w}." for w in base.why),
-    ]
-    if base.apt_python:
-        lines.append(
-            "#   torch's wheels bring their own CUDA runtime and cuDNN (the nvidia-* pins in "
-            f"{requirements}); the image's CUDA version is what the host driver is checked against."
-        )
-    if not header.platform.lower().startswith("linux"):
-        lines.append(
-            f"# Frozen on {header.platform.split('-')[0]}, not Linux: pins of platform-only "
-            "packages may need removing for the image."
-        )
+    lines = _dockerfile_header(header, requirements, base, dockerfile)
     lines += [
-        "# Build with this folder as the context:",
-        f"#   docker build -t frozen-env -f {dockerfile} .",
-        "# Run:",
-        f"#   docker run {'--gpus all ' if base.apt_python else ''}-p {JUPYTER_PORT}:{JUPYTER_PORT} -v \"$PWD\":/workspace frozen-env",
         f"FROM {base.tag}",
         "",
         "ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 "
         "PIP_DISABLE_PIP_VERSION_CHECK=1",
     ]
     if base.apt_python:
-        py = base.python
-        apt = ["ca-certificates", f"python{py}", f"python{py}-venv"]
-        steps = ["apt-get update"]
-        if base.deadsnakes:
-            steps += [
-                "apt-get install -y --no-install-recommends software-properties-common gpg-agent",
-                "add-apt-repository -y ppa:deadsnakes/ppa",
-                "apt-get update",
-            ]
-        steps += [
-            f"apt-get install -y --no-install-recommends {' '.join(apt)}",
-            "rm -rf /var/lib/apt/lists/*",
-        ]
-        lines += [
-            "# A virtual environment: Ubuntu's own Python refuses pip installs (PEP 668).",
-            "RUN " + " \\\n && ".join(steps),
-            f"RUN python{py} -m venv /opt/venv",
-            'ENV PATH="/opt/venv/bin:$PATH"',
-        ]
+        lines += _python_from_apt(base)
     lines += ["", "WORKDIR /workspace", f"COPY {requirements} /tmp/{requirements}"]
     if torch_pins and index_url:
         lines += [
@@ -290,6 +252,59 @@ def dockerfile_text(
     ]
     lines += ["", f"EXPOSE {JUPYTER_PORT}", f"CMD {json.dumps(cmd)}"]
     return "\n".join(lines) + "\n"
+
+
+def _dockerfile_header(
+    header: Frozen, requirements: str, base: BaseImage, dockerfile: str
+) -> list[str]:
+    """The comments on top: what was frozen, from where, why this base, how to build and run."""
+    lines = [
+        f"# Frozen by {header.by} (%gpuenv --freeze) on {header.when}",
+        f"# from Python {header.python} on {_one_line(header.platform)}; torch "
+        + (f"{header.torch_version} ({header.torch_build})" if header.torch_version else "not installed"),
+        f"# Base image {base.tag}:",
+        *(f"#   {w}." for w in base.why),
+    ]
+    if base.apt_python:
+        lines.append(
+            "#   torch's wheels bring their own CUDA runtime and cuDNN (the nvidia-* pins in "
+            f"{requirements}); the image's CUDA version is what the host driver is checked against."
+        )
+    if not header.platform.lower().startswith("linux"):
+        lines.append(
+            f"# Frozen on {header.platform.split('-')[0]}, not Linux: pins of platform-only "
+            "packages may need removing for the image."
+        )
+    lines += [
+        "# Build with this folder as the context:",
+        f"#   docker build -t frozen-env -f {dockerfile} .",
+        "# Run:",
+        f"#   docker run {'--gpus all ' if base.apt_python else ''}-p {JUPYTER_PORT}:{JUPYTER_PORT} -v \"$PWD\":/workspace frozen-env",
+    ]
+    return lines
+
+
+def _python_from_apt(base: BaseImage) -> list[str]:
+    """Python from the distribution (deadsnakes where Ubuntu lacks the version) in a venv."""
+    py = base.python
+    apt = ["ca-certificates", f"python{py}", f"python{py}-venv"]
+    steps = ["apt-get update"]
+    if base.deadsnakes:
+        steps += [
+            "apt-get install -y --no-install-recommends software-properties-common gpg-agent",
+            "add-apt-repository -y ppa:deadsnakes/ppa",
+            "apt-get update",
+        ]
+    steps += [
+        f"apt-get install -y --no-install-recommends {' '.join(apt)}",
+        "rm -rf /var/lib/apt/lists/*",
+    ]
+    return [
+        "# A virtual environment: Ubuntu's own Python refuses pip installs (PEP 668).",
+        "RUN " + " \\\n && ".join(steps),
+        f"RUN python{py} -m venv /opt/venv",
+        'ENV PATH="/opt/venv/bin:$PATH"',
+    ]
 
 
 def _one_line(text: str) -> str:

@@ -55,50 +55,50 @@ class MemtraceMagics(Magics):
         the statement queued, and the report says what those waits cost.
         """
         __tracebackhide__ = True
-        from gpumagic.cell import execute, prepare
-        from gpumagic.memory.session import DeviceError, TraceSession
-        from gpumagic.render.live import LiveView
+        from gpumagic.cell import prepare, run_measured
+        from gpumagic.memory.device import DeviceError
+        from gpumagic.memory.run import MemtraceRun
+        from gpumagic.render.live import LiveResult, LiveView
         from gpumagic.render.memtrace import memtrace_live_html
 
-        if cell is None:
-            opts, statement = PARSER.parse_prefix(line)
-            if not statement:
-                raise PARSER.usage_error(
-                    "give a statement to trace, or use %%memtrace as a cell magic"
-                )
-            source, header = statement, None
-        else:
-            opts = PARSER.parse_line(line)
-            source, header = cell, f"%%memtrace {line}".rstrip()
-        if opts.output is not None and not opts.output.isidentifier():
-            raise PARSER.usage_error(f"-o {opts.output!r}: not a valid variable name")
+        opts, source, header = _parse(line, cell)
         shell: Any = self.shell
         prepared = prepare(shell, source, header, instrument=True)
         try:
-            session = TraceSession(prepared.statements, shell.user_ns, opts.device, sync=opts.sync)
+            run = MemtraceRun(
+                prepared.statements,
+                shell.user_ns,
+                opts.device,
+                sync=opts.sync,
+                cell_filename=prepared.filename,
+            )
         except DeviceError as exc:
             raise PARSER.usage_error(str(exc)) from None
-        live = LiveView(
-            lambda: memtrace_live_html(session.tracer),
-            delay=1.0,
-            interval=1.0,
-            mode="off" if opts.quiet or opts.no_live else None,
-        ).start()
-        try:
-            value = execute(shell, prepared, session.probe)
-        except BaseException as exc:
-            # after an OOM, finish() also releases the failed call's frames (see its docstring)
-            result = session.finish(error=exc, cell_filename=prepared.filename)
-            self._show(result, opts, live)
-            raise
-        result = session.finish()
-        self._show(result, opts, live)
-        return value
+        mode = "off" if opts.quiet or opts.no_live else None
+        view = LiveView(lambda: memtrace_live_html(run.status()), delay=1.0, interval=1.0, mode=mode)
 
-    def _show(self, result: Any, opts: Any, live: Any) -> None:
-        ns: dict[str, Any] = self.shell.user_ns  # type: ignore[union-attr]
-        ns["_memtrace"] = result
-        if opts.output:
-            ns[opts.output] = result
-        live.finish(None if opts.quiet else result, display_if_off=True)
-        result.live_frames = live.pushes
+        def present(result: Any) -> Any:
+            if result is None:
+                return None
+            result.live_frames = view.pushes
+            shell.user_ns["_memtrace"] = result
+            if opts.output:
+                shell.user_ns[opts.output] = result
+            return None if opts.quiet else result
+
+        return run_measured(shell, prepared, run, LiveResult(view, present))
+
+
+def _parse(line: str, cell: str | None) -> tuple[Any, str, str | None]:
+    """(options, source, the magic's own line for a cell, None for %memtrace STATEMENT)."""
+    if cell is None:
+        opts, statement = PARSER.parse_prefix(line)
+        if not statement:
+            raise PARSER.usage_error("give a statement to trace, or use %%memtrace as a cell magic")
+        source, header = statement, None
+    else:
+        opts = PARSER.parse_line(line)
+        source, header = cell, f"%%memtrace {line}".rstrip()
+    if opts.output is not None and not opts.output.isidentifier():
+        raise PARSER.usage_error(f"-o {opts.output!r}: not a valid variable name")
+    return opts, source, header

@@ -172,89 +172,52 @@ class ProfileMagics(Magics):
     # -- %%gpuprofile ---------------------------------------------------------------------------
     def _profile(self, opts: Any, cell: str, line: str) -> Any:
         __tracebackhide__ = True
-        from gpumagic.cell import execute, prepare
-        from gpumagic.profile.record.finish import Finished
-        from gpumagic.profile.record.recorder import Recorder, RecordOptions
-        from gpumagic.render.live import LiveView
+        from gpumagic.cell import prepare, run_measured
+        from gpumagic.profile.record.recorder import RecordError, RecordOptions
+        from gpumagic.profile.record.run import ProfileRun
+        from gpumagic.render.live import LiveResult, LiveView
+        from gpumagic.render.profile_live import profile_live_html
 
         shell: Any = self.shell
         attribute = not opts.no_attribution
         prepared = prepare(shell, cell, f"%%gpuprofile {line}".rstrip(), instrument=attribute)
+        # the temporary trace file's name says nothing: a cell is known by its In[n]
+        number = running_cell_number(shell)
+        options = RecordOptions(
+            opts.memory, opts.shapes, opts.stack, opts.flops, opts.wait, opts.warmup, opts.active
+        )
         try:
-            options = (opts.memory, opts.shapes, opts.stack, opts.flops)
-            recorder = Recorder(RecordOptions(*options, opts.wait, opts.warmup, opts.active))
-        except ImportError as exc:
-            raise PARSER.usage_error(f"%%gpuprofile needs torch: {exc}") from None
-        mode = "off" if opts.quiet else None
-        live = LiveView(lambda: _live_line(recorder), delay=1.0, interval=1.0, mode=mode)
-        error: BaseException | None = None
-        problems: list[str] = []
-        probe = _probe(prepared, shell.user_ns) if attribute else None
-        recorder.start()
-        live.start()
-        if probe is not None:
-            probe.start()  # module hooks: only while the cell runs
-        try:
-            value = execute(shell, prepared, probe)
-        except BaseException as exc:
-            error = exc
-        finally:
-            problems += _stop(probe)  # the hooks go, also after an error
-        done = Finished()
-        try:
-            done = self._finish(recorder, opts, probe)
-        finally:
-            # Whatever failed after the cell ran, the live line ends, the temporary trace
-            # goes, and the cell's own exception (or value) is what the cell gives.
-            recorder.cleanup()
-            shown = self._shown(
-                opts, error, done.result if done.analysed else None, problems + done.problems
-            )
-            live.finish(shown, display_if_off=True)
-            self.last_live_frames = live.pushes
-        if error is not None:
-            raise error
-        return value
-
-    def _finish(self, recorder: Any, opts: Any, probe: Any) -> Any:
-        """The core's ending of a profiled cell; the result kept under its names."""
-        from gpumagic.profile.record.finish import Finished, finish
-
-        done = Finished()
-        try:
-            # the temporary trace file's name says nothing: a cell is known by its In[n]
-            number = running_cell_number(self.shell)
-            done = finish(
-                recorder,
-                self.shell.user_ns,  # type: ignore[union-attr]
-                probe,
+            run = ProfileRun(
+                prepared.statements,
+                shell.user_ns,
+                options,
+                attribute=attribute,
                 name=opts.name or (f"cell In[{number}]" if number is not None else "cell"),
                 trace_path=opts.trace,
                 keep_first=opts.keep_first,
             )
-            if done.result is not None:  # a partial result too: the user may look into it
-                self._store(done.result, opts)
-                if opts.name:
-                    self.runs[opts.name] = done.result
-        except Exception as exc:  # our bug: it must not hide the cell's own outcome (audit B1)
-            done.problems.append(f"the profile could not be built ({type(exc).__name__}: {exc})")
-        return done
+        except ImportError as exc:
+            raise PARSER.usage_error(f"%%gpuprofile needs torch: {exc}") from None
+        except RecordError as exc:  # a %%gpuprofile inside another
+            raise PARSER.usage_error(str(exc)) from None
+        mode = "off" if opts.quiet else None
+        view = LiveView(lambda: profile_live_html(run.status()), delay=1.0, interval=1.0, mode=mode)
 
-    @staticmethod
-    def _shown(opts: Any, error: BaseException | None, result: Any, problems: list[str]) -> Any:
-        if opts.quiet:
+        def present(done: Any) -> Any:
+            self.last_live_frames = view.pushes
+            return self._kept_and_shown(done, opts)
+
+        return run_measured(shell, prepared, run, LiveResult(view, present))
+
+    def _kept_and_shown(self, done: Any, opts: Any) -> Any:
+        """Keep the result under its names; what to show in the live view's place."""
+        if done is None:  # the ending was interrupted: nothing to keep
             return None
-        notes = []
-        if error is not None:
-            notes.append(
-                f"The cell failed ({type(error).__name__}: {error}); the profile covers what ran before."
-            )
-        notes += [f"%%gpuprofile: {p}" for p in problems]
-        if result is not None:
-            return _Display(result, opts.rows, "\n".join(notes))
-        if not problems:
-            notes.append("%%gpuprofile: no profile was recorded")
-        return Note("\n".join(notes), "profile-note", box=True)
+        if done.result is not None:  # a partial result too: the user may look into it
+            self._store(done.result, opts)
+            if opts.name:
+                self.runs[opts.name] = done.result
+        return _shown(opts, done)
 
     def _store(self, result: Any, opts: Any, kind: str = "profile") -> None:
         ns = self.shell.user_ns  # type: ignore[union-attr]
@@ -263,35 +226,18 @@ class ProfileMagics(Magics):
             ns[opts.output] = result
 
 
-def _reason(exc: BaseException) -> str:
-    from gpumagic.profile.record.finish import reason
-
-    return reason(exc)
-
-
-def _probe(prepared: Any, namespace: Any) -> Any:
-    from gpumagic.profile.record.probe import CodeProbe
-
-    return CodeProbe(prepared.statements, namespace)
-
-
-def _stop(probe: Any) -> list[str]:
-    if probe is None:
-        return []
-    try:
-        probe.stop()
-    except Exception as exc:  # must not hide the cell's own outcome
-        return [f"the module hooks could not all be removed ({_reason(exc)})"]
-    return []
-
-
-def _live_line(recorder: Any) -> str:
-    import time
-
-    elapsed = time.perf_counter() - recorder.started
-    steps = f"{recorder.steps} steps marked" if recorder.steps else "no gpumagic.step() marks yet"
-    device = "CPU + CUDA" if recorder.cuda else "CPU"
-    return wrap(
-        "profile-live",
-        f"<div><b>%%gpuprofile</b> profiling ({device}) · {elapsed:.0f} s elapsed · {steps}</div>",
-    )
+def _shown(opts: Any, done: Any) -> Any:
+    """The report (with notes on top), or a note saying why there is none; None if quiet."""
+    if opts.quiet:
+        return None
+    notes = []
+    if done.cell_error:
+        notes.append(
+            f"The cell failed ({done.cell_error}); the profile covers what ran before."
+        )
+    notes += [f"%%gpuprofile: {p}" for p in done.problems]
+    if done.analysed and done.result is not None:
+        return _Display(done.result, opts.rows, "\n".join(notes))
+    if not done.problems:
+        notes.append("%%gpuprofile: no profile was recorded")
+    return Note("\n".join(notes), "profile-note", box=True)

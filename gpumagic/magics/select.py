@@ -40,6 +40,7 @@ class SelectMagics(Magics):
         ``gpumagic.select_gpus(...)`` does the same from a script (raising ValueError).
         """
         from gpumagic.monitor.choose import select_gpus
+        from gpumagic.units import parse_percent
 
         opts = PARSER.parse_line(without_silencer(line))
         try:
@@ -49,7 +50,7 @@ class SelectMagics(Magics):
         max_util: float | None = None
         if opts.max_util is not None:
             try:
-                max_util = float(opts.max_util.rstrip("%"))
+                max_util = parse_percent(opts.max_util)
             except ValueError:
                 raise PARSER.usage_error(
                     f"--max-util must be a percentage, got {opts.max_util!r}"

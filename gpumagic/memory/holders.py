@@ -3,7 +3,8 @@
 A parameter is ``model.fc.weight``, its gradient ``model.fc.weight.grad``, Adam's moment
 ``optimizer.state[model.fc.weight]['exp_avg']``; a list element ``batch[0]``. Tensors
 are counted by storage (views share one), first under their most meaningful name:
-modules, then optimizers, then everything else.
+modules, then optimizers, then everything else. Which tensors count is the caller's
+``keep`` predicate: the traced device's (:func:`gpumagic.memory.device.tensor_filter`).
 """
 
 from __future__ import annotations
@@ -28,16 +29,6 @@ class Holder:
     dtype: str
     device: str
     storage: int = 0  # the storage's data pointer: one holder per storage
-
-
-def device_filter(kind: str, index: int = -1) -> Callable[[Any], bool]:
-    """A predicate on tensors: on the host (``kind="host"``) or on ``cuda:index``."""
-    # On the probe path for every parameter, gradient and optimizer state (ModelMemory):
-    # ``t.device`` builds a torch.device object per call, ``is_cuda``/``get_device()`` read
-    # the tensor's fields (audit S2).
-    if kind == "cuda":
-        return lambda t: t.is_cuda and t.get_device() == index
-    return lambda t: t.is_cpu
 
 
 def _storage_key(t: Any) -> tuple[int, int]:

@@ -1,19 +1,27 @@
-"""The out-of-memory report: what was asked for, what is free, what is fragmented, who holds it.
+"""The out-of-memory post-mortem: what was asked for, what is free, what is fragmented, who
+holds it, and the release of the failed call's frames.
 
-The builders are pure functions over plain data (an allocator-stat dictionary of the
-shape ``torch.cuda.memory_stats()`` returns, numbers from ``/proc`` or psutil, a list of
-holders) so they are tested without a GPU.
+:func:`post_mortem` is the whole of it, run once when a traced cell fails: which memory ran
+out (:func:`oom_kind`), the state at the failure, the holders, the release, what the release
+gave back. The report builders under it are pure functions over plain data (an
+allocator-stat dictionary of the shape ``torch.cuda.memory_stats()`` returns, numbers from
+``/proc`` or psutil, a list of holders) so they are tested without a GPU.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import resource
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpumagic.memory.holders import Holder
+from gpumagic.device_kinds import CUDA, HOST, DeviceKind
+from gpumagic.memory.device import TracedDevice, cuda_device, loaded_torch, tensor_filter
+from gpumagic.memory.holders import Holder, frame_tensors, named_tensors, unnamed_tensor_bytes
+from gpumagic.memory.probes import CudaMemory, HostMemory, Reading
 from gpumagic.units import fmt_bytes
 
 _UNITS = {
@@ -41,8 +49,8 @@ FRAGMENTATION_SHARE = 0.2
 FRAGMENTATION_MIN_BYTES = 256 * 2**20
 
 
-# Out-of-memory errors that do not come through the caching allocator's own OutOfMemoryError
-# (audit M3): the CUDA runtime failing an allocation (context creation, NCCL, a kernel's
+# Out-of-memory errors that do not come through the caching allocator's own OutOfMemoryError:
+# the CUDA runtime failing an allocation (context creation, NCCL, a kernel's
 # local memory: ``torch.AcceleratorError: CUDA error: out of memory``), and the CUDA libraries
 # failing to get their handles or workspaces. Each leaves the failed call's frames pinned by
 # the traceback exactly like an allocator OOM, so each gets the report and the release.
@@ -63,28 +71,31 @@ _HOST_OOM_TEXT = re.compile(
 _CUDA_OOM_DEVICE = re.compile(r"\bGPU (\d+)(?: has a total capacity|;)")
 
 
-def oom_kind(exc: BaseException) -> str | None:
+def oom_kind(exc: BaseException) -> DeviceKind | None:
     """``"cuda"`` or ``"host"``: which memory ran out, read from the error itself; None when
     ``exc`` is no out-of-memory error.
 
-    The report follows the error, not the device being traced (audit M2): a host
-    allocation failing on a GPU machine is a host report, with host numbers and the CPU
-    tensors that hold the memory.
+    The report follows the error, not the device being traced: a host allocation failing
+    on a GPU machine is a host report, with host numbers and the CPU tensors that hold the
+    memory (a CUDA report there would show a GPU with room to spare).
     """
     if isinstance(exc, MemoryError):  # numpy's _ArrayMemoryError included
-        return "host"
+        return HOST
     if not isinstance(exc, RuntimeError):  # torch.OutOfMemoryError and AcceleratorError are
         return None
-    text = str(exc)
+    try:
+        text = str(exc)
+    except Exception:  # an error whose __str__ raises says nothing about memory
+        return None
     if _CUDA_OOM_TEXT.search(text):
-        return "cuda"
+        return CUDA
     if _HOST_OOM_TEXT.search(text):
-        return "host"
+        return HOST
     torch = sys.modules.get("torch")
     oom_type = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
     if oom_type is not None and isinstance(exc, oom_type):
         # Another backend's allocator (MPS shares the host's memory): not CUDA's.
-        return "host"
+        return HOST
     return None
 
 
@@ -195,9 +206,9 @@ def build_cuda_report(
 
 def _cuda_request_note(message: str) -> str:
     if _CUDA_ASK.search(message):
-        # CUDACachingAllocator names alloc_size, not the tensor's size (audit M12): a request
+        # CUDACachingAllocator's message names alloc_size, not the tensor's size: a request
         # up to 1 MiB asks for a 2 MiB block, up to 10 MiB for 20 MiB, a larger one is
-        # rounded up to 2 MiB.
+        # rounded up to 2 MiB (c10/cuda/CUDACachingAllocator.cpp, get_allocation_size).
         return (
             "the caching allocator's rounded block size, not the tensor's: up to 1 MiB asks "
             "for 2 MiB, up to 10 MiB for 20 MiB, larger sizes round up to 2 MiB"
@@ -224,7 +235,7 @@ def build_host_report(
         free = headroom if free is None else min(free, headroom)
         total = address_limit if total is None else min(total, address_limit)
     report = OomReport(
-        device="host",
+        device=HOST,
         exception=_short(exc),
         requested=requested_bytes(str(exc)),
         free=free,
@@ -302,3 +313,204 @@ def advice(report: OomReport, cuda: bool, retries: int = 0) -> list[str]:
             "(%reset -f out, or del the container)."
         )
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The post-mortem of a traced cell that ran out of memory
+
+
+@dataclass(frozen=True)
+class PostMortem:
+    """What :func:`post_mortem` found: the report (None when even building it ran out of
+    memory) and the traced device's memory once the failed call's frames were released
+    (None when another device's memory ran out, or it could not be read)."""
+
+    report: OomReport | None
+    traced_after_release: Reading | None
+
+
+def post_mortem(
+    error: BaseException,
+    *,
+    traced: TracedDevice,
+    reader: CudaMemory | HostMemory,
+    host: HostMemory,
+    namespace: Mapping[str, Any],
+    cell_filename: str | None,
+    rss_fallback: int,
+) -> PostMortem:
+    """Report an out-of-memory ``error``, then release the failed call's frames, then measure
+    what the release gave back.
+
+    ``traced``/``reader``: the device the run traced and its reader; ``host``: the host's
+    reader; ``cell_filename``: the cell's code name, where the release starts (None: no
+    release); ``rss_fallback``: the host's RSS to report when it cannot be read again.
+
+    The report follows the error, not the traced device (:func:`oom_kind`). The state at the
+    failure (free, reserved, fragmentation, who holds what) is read first; then the failed
+    call's frames are cleared, which frees its activations; what that gave back is reported
+    as held by the failing call, and the tensors no name reaches are counted only after it,
+    so what remains is what leaks. Building the report must not fail the cell a second
+    time: under a tight cap even walking the heap can raise MemoryError, and then a report
+    without holders is shown.
+    """
+    kind = oom_kind(error) or traced.kind
+    failed: CudaMemory | HostMemory | None
+    if kind == CUDA:
+        failed = _cuda_reader_for(error, reader)
+        keep = tensor_filter(CUDA, failed.index) if failed is not None else traced.holds()
+    else:
+        failed, keep = host, tensor_filter(HOST)
+    at_failure: dict[str, Any] = {}
+    holders: list[Holder] = []
+    released: int | None = None
+    unnamed = (0, 0)
+    before: int | None = None
+    after: Reading | None = None
+    try:
+        try:
+            at_failure = _state_at_failure(kind, failed, host)
+            holders = list(named_tensors(namespace, keep))
+            if cell_filename is not None:
+                seen = {h.storage for h in holders}
+                holders += frame_tensors(error, cell_filename, keep, seen)
+        except MemoryError:
+            holders = []
+        if failed is not None:
+            before = failed.read().current
+    finally:
+        if cell_filename is not None:
+            release_frames(error, cell_filename)
+    try:
+        if failed is not None and before is not None:
+            after = failed.read()
+            released = max(before - after.current, 0)
+        unnamed = unnamed_tensor_bytes({h.storage for h in holders}, keep)
+    except MemoryError:
+        pass
+    report: OomReport | None
+    try:
+        report = _build(kind, failed, error, at_failure, holders, unnamed, released, rss_fallback)
+    except MemoryError:
+        report = None
+    return PostMortem(report, after if failed is reader else None)
+
+
+def _cuda_reader_for(
+    error: BaseException, traced: CudaMemory | HostMemory
+) -> CudaMemory | None:
+    """The traced CUDA reader, or one for the device the error names when the host (or
+    another device) is traced; CUDA is initialised by then: the error came from it."""
+    index = oom_device_index(error)
+    if isinstance(traced, CudaMemory) and (index is None or index == traced.index):
+        return traced
+    torch = loaded_torch()
+    try:
+        if torch is None or not torch.cuda.is_initialized():
+            return None
+        return CudaMemory(torch, int(torch.cuda.current_device()) if index is None else index)
+    except Exception:
+        return None
+
+
+def _state_at_failure(
+    kind: DeviceKind, reader: CudaMemory | HostMemory | None, host: HostMemory
+) -> dict[str, Any]:
+    if kind == CUDA:
+        if not isinstance(reader, CudaMemory):
+            return {}
+        return {"stats": reader.stats(), "mem_info": reader.mem_get_info()}
+    import psutil
+
+    vm = psutil.virtual_memory()
+    limit, used = _address_space_limit()
+    return {
+        "rss": host.read().current,
+        "available": int(vm.available),
+        "total": int(vm.total),
+        "limit": limit,
+        "used": used,
+    }
+
+
+def _build(
+    kind: DeviceKind,
+    reader: CudaMemory | HostMemory | None,
+    error: BaseException,
+    state: dict[str, Any],
+    holders: list[Holder],
+    unnamed: tuple[int, int],
+    released: int | None,
+    rss_fallback: int,
+) -> OomReport:
+    if kind == CUDA:
+        if isinstance(reader, CudaMemory):
+            label = cuda_device(reader).label if reader.describe() else f"cuda:{reader.index}"
+        else:
+            label = CUDA
+        return build_cuda_report(
+            error,
+            state.get("stats", {}),
+            state.get("mem_info"),
+            label,
+            holders,
+            unnamed,
+            released=released,
+        )
+    return build_host_report(
+        error,
+        state.get("rss", rss_fallback),
+        state.get("available"),
+        state.get("total"),
+        holders,
+        unnamed,
+        address_limit=state.get("limit"),
+        address_used=state.get("used"),
+        released=released,
+    )
+
+
+def _address_space_limit() -> tuple[int | None, int | None]:
+    """(RLIMIT_AS soft limit, virtual size in use) when a cap is set, else (None, None)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        return None, None
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            used: int | None = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        used = None
+    return int(soft), used
+
+
+def release_frames(error: BaseException, cell_filename: str) -> None:
+    """Drop the locals of the failed cell's frames so the tensors they hold are freed.
+
+    An OOM's traceback keeps every frame of the failing call alive (and IPython keeps the
+    traceback in ``sys.last_traceback``), and with them the activations the user was
+    trying to free. Only frames from the cell's own code down are cleared (the magic's
+    frames keep what the traceback display needs), and only for OOM errors: for other
+    errors the locals stay for ``%debug``.
+    """
+    seen: set[int] = set()
+    exc: BaseException | None = error
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != cell_filename:
+            tb = tb.tb_next
+        while tb is not None:
+            frame = tb.tb_frame
+            try:
+                frame.clear()
+            except RuntimeError:  # still executing: not one of the failed call's frames
+                pass
+            else:
+                # A locals snapshot (frame.f_locals, read by frame_tensors or a debugger)
+                # outlives clear() on Python < 3.13; reading it again re-syncs it with the
+                # now empty locals, which drops its references.
+                _ = frame.f_locals
+            tb = tb.tb_next
+        exc = exc.__context__
+
+

@@ -20,7 +20,7 @@ shows to the page. The CUDA numbers below are the allocator's exact bytes.
 CUDA: one ``torch.cuda.memory_stats_as_nested_dict(device)`` call per reading, three
 dictionary lookups in it. ``torch.cuda.memory_stats()`` is the same data flattened into
 dotted keys and sorted in Python (about 122 keys, 65-76 µs a call against under a
-microsecond for the lookups: audit S1), and ``memory_allocated()`` and friends each
+microsecond for the lookups), and ``memory_allocated()`` and friends each
 rebuild that flat dictionary. ``torch.cuda.reset_peak_memory_stats(device)`` runs at each
 statement start. That reset is visible to the user's own code:
 ``torch.cuda.max_memory_allocated()`` read inside a traced cell reports the peak since
@@ -73,11 +73,18 @@ class HostMemory:
             except (OSError, ValueError) as exc:
                 self._close_fds()
                 self.why = f"peak-RSS reset unavailable ({exc.__class__.__name__}: {exc}); peaks sampled every 1 ms"
+            except BaseException:  # interrupted: nobody holds this object yet to close it
+                self._close_fds()
+                raise
         else:
             self.why = "peaks sampled every 1 ms"
         if self.method == "sampled":
             self._sampler = _RssSampler(interval=0.001)
-            self._sampler.start()
+            try:
+                self._sampler.start()
+            except BaseException:
+                self.close()
+                raise
 
     @staticmethod
     def _parse(status: bytes) -> tuple[int, int]:
@@ -114,6 +121,8 @@ class HostMemory:
         self._close_fds()
         if self._sampler is not None:
             self._sampler.stop()
+            if self._sampler.is_alive():  # ends within its 1 ms poll: no thread outlives us
+                self._sampler.join(timeout=1.0)
             self._sampler = None
 
     def _close_fds(self) -> None:
@@ -164,8 +173,9 @@ class CudaMemory:
     def __init__(self, torch: Any, index: int) -> None:
         self._torch = torch
         self.index = index
-        # Asking for the device's name or size initialises torch's CUDA state (audit M1:
-        # ``_lazy_init`` also poisons fork), so they are read only once something else has.
+        # Asking for the device's name or size initialises torch's CUDA state (``_lazy_init``,
+        # after which fork() fails in every DataLoader worker), so they are read only once
+        # something else has initialised it.
         self.name: str | None = None
         self.total: int | None = None
         self.describe()

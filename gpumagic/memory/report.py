@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpumagic.cell import Statement
+from gpumagic.device_kinds import CUDA
+from gpumagic.memory.device import TracedDevice
 from gpumagic.memory.oom import OomReport
 from gpumagic.render.html import Rendered
 from gpumagic.units import fmt_count, fmt_us
@@ -13,7 +15,8 @@ from gpumagic.units import fmt_count, fmt_us
 if TYPE_CHECKING:
     import pandas as pd
 
-    from gpumagic.memory.tracer import Device, MemoryTracer
+    from gpumagic.memory.tracer import TraceTotals
+    from gpumagic.render.sections import Report
 
 LINE_COLUMNS = [
     "line",
@@ -40,7 +43,7 @@ class MemTrace(Rendered):
     """What ``%%memtrace`` measured. ``lines`` is the per-statement DataFrame."""
 
     statements: list[Statement]
-    device: Device
+    device: TracedDevice
     hits: list[int]
     delta: list[int]
     peak: list[int]
@@ -72,45 +75,47 @@ class MemTrace(Rendered):
     _lines: Any = field(default=None, repr=False)
 
     @classmethod
-    def from_tracer(
+    def from_totals(
         cls,
-        tracer: MemoryTracer,
-        error_index: int = -1,
+        totals: TraceTotals,
+        device: TracedDevice,
         error: str = "",
         oom: OomReport | None = None,
         host_method: str = "",
         notes: list[str] | None = None,
     ) -> MemTrace:
+        """The result of a traced cell; ``error`` ("ValueError: ...", "" when the cell
+        completed) marks the statement that was open at the end as the failing one."""
         return cls(
-            statements=tracer.statements,
-            device=tracer.device,
-            hits=tracer.hits,
-            delta=tracer.delta,
-            peak=tracer.peak,
-            after=tracer.after,
-            reserved_after=tracer.reserved_after,
-            host_delta=tracer.host_delta,
-            host_peak=tracer.host_peak,
-            host_after=tracer.host_after,
-            time_ns=tracer.time_ns,
-            parts=tracer.parts,
-            initial=tracer.initial,
-            final=tracer.final,
-            cell_peak=tracer.cell_peak,
-            final_reserved=tracer.final_reserved,
-            host_initial=tracer.initial_host,
-            host_final=tracer.final_host,
-            host_cell_peak=tracer.host_cell_peak,
-            elapsed_ns=tracer.elapsed_ns,
-            timeline=list(tracer.timeline),
+            statements=list(totals.statements),
+            device=device,
+            hits=list(totals.hits),
+            delta=list(totals.delta),
+            peak=list(totals.peak),
+            after=list(totals.after),
+            reserved_after=list(totals.reserved_after),
+            host_delta=list(totals.host_delta),
+            host_peak=list(totals.host_peak),
+            host_after=list(totals.host_after),
+            time_ns=list(totals.time_ns),
+            parts=list(totals.parts),
+            initial=totals.initial,
+            final=totals.final,
+            cell_peak=totals.cell_peak,
+            final_reserved=totals.final_reserved,
+            host_initial=totals.initial_host,
+            host_final=totals.final_host,
+            host_cell_peak=totals.host_cell_peak,
+            elapsed_ns=totals.elapsed_ns,
+            timeline=list(totals.timeline),
             host_method=host_method,
-            error_index=error_index,
+            error_index=totals.failing if error else -1,
             error=error,
             oom=oom,
             notes=list(notes or []),
-            synced=tracer.sync_requested and tracer.device.kind == "cuda",
-            sync_count=tracer.syncs,
-            sync_ns=tracer.sync_ns,
+            synced=totals.sync_requested and device.kind == CUDA,
+            sync_count=totals.syncs,
+            sync_ns=totals.sync_ns,
         )
 
     # -- data ----------------------------------------------------------------------------------
@@ -123,14 +128,14 @@ class MemTrace(Rendered):
         """What the ``time`` column measures: CUDA kernels run asynchronously, so without
         ``--sync`` a statement's time on a CUDA run is the host's (launching, not running,
         its kernels) and the next statement that waits for the GPU is charged its work."""
-        if self.device.kind != "cuda":
+        if self.device.kind != CUDA:
             return "time"
         return "time (synced)" if self.synced else "host time"
 
     @property
     def time_note(self) -> str:
         """One sentence on the ``time`` column for CUDA runs ("" on the host)."""
-        if self.device.kind != "cuda":
+        if self.device.kind != CUDA:
             return ""
         if not self.synced:
             return (
@@ -197,6 +202,18 @@ class MemTrace(Rendered):
             self._lines = df
         return self._lines
 
+    @property
+    def failed_line(self) -> int | None:
+        """The cell's line whose statement raised (None when the cell completed)."""
+        return self.statements[self.error_index].line if self.error_index >= 0 else None
+
+    @property
+    def heaviest(self) -> list[bool]:
+        """Per row of :attr:`lines`: whether it is one of the heaviest statements (the
+        largest peaks and allocations, when not trivial), the rows the table highlights."""
+        hot = self._hot()
+        return [s.index in hot for s in self._ran()]
+
     def _ran(self) -> list[Statement]:
         return [s for s in self.statements if self.hits[s.index] > 0]
 
@@ -240,12 +257,7 @@ class MemTrace(Rendered):
         return ax
 
     # -- display (gpumagic.render.memtrace) -------------------------------------------------------
-    def _text(self) -> str:
-        from gpumagic.render.memtrace import memtrace_text
+    def _report(self) -> Report:
+        from gpumagic.render.memtrace import memtrace_report
 
-        return memtrace_text(self)
-
-    def _html(self) -> str:
-        from gpumagic.render.memtrace import memtrace_html
-
-        return memtrace_html(self)
+        return memtrace_report(self)

@@ -4,10 +4,15 @@
 statement that was running (its delta, its peak above its own start, its end state),
 resets the peak counters and opens ``i``. One reading serves as the end of one
 statement and the start of the next, so a boundary costs one device query.
+
+When the cell ends, :meth:`MemoryTracer.finish` closes the last statement and hands out
+the numbers as a frozen :class:`TraceTotals`; what comes after (the out-of-memory
+post-mortem, the result) works on that, never on the tracer's fields.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,14 +30,48 @@ _BREAKDOWN_EVERY_NS = 200_000_000
 _TIMELINE_MAX = 4096
 
 
-@dataclass(frozen=True)
-class Device:
-    """What a trace tracks: ``cuda:N`` through the allocator, or ``host`` RSS."""
+Timeline = tuple[tuple[float, int, int, int], ...]
 
-    kind: str  # "cuda" or "host"
-    label: str  # "cuda:0 (NVIDIA H200)" or "host RSS"
-    why: str  # one sentence: why this device, and how peaks are measured
-    index: int = -1
+
+@dataclass(frozen=True)
+class TraceTotals:
+    """What a traced cell measured, per statement (indexed like ``statements``) and whole.
+
+    Bytes of the traced device unless named ``host_``; ``time_ns`` is host time per
+    statement. ``timeline``: (seconds since start, allocated, statement index, highest since
+    the previous point).
+    """
+
+    statements: tuple[Statement, ...]
+    hits: tuple[int, ...]
+    delta: tuple[int, ...]
+    peak: tuple[int, ...]
+    after: tuple[int, ...]
+    reserved_after: tuple[int, ...]
+    host_delta: tuple[int, ...]
+    host_peak: tuple[int, ...]
+    host_after: tuple[int, ...]
+    time_ns: tuple[int, ...]
+    parts: tuple[tuple[int, int, int] | None, ...]  # params, grads, optimizer state
+    initial: int
+    final: int
+    final_reserved: int
+    cell_peak: int
+    initial_host: int
+    final_host: int
+    host_cell_peak: int
+    elapsed_ns: int
+    timeline: Timeline
+    failing: int  # the statement open when the cell ended: the failing one after an error
+    sync_requested: bool
+    syncs: int  # boundaries that waited for the device
+    sync_ns: int  # what those waits took, all together
+    sync_error: str  # why --sync stopped ("" when it did not)
+
+    def after_release(self, current: int, reserved: int) -> TraceTotals:
+        """The totals with the cell's end state read again after the failed call's frames
+        were released (an out-of-memory error): the net change is what the cell keeps."""
+        return dataclasses.replace(self, final=current, final_reserved=reserved)
 
 
 class MemoryTracer:
@@ -41,7 +80,6 @@ class MemoryTracer:
     def __init__(
         self,
         statements: Sequence[Statement],
-        device: Device,
         reader: CudaMemory | HostMemory,
         host: HostMemory,
         breakdown: Any = None,  # gpumagic.memory.holders.ModelMemory or None
@@ -49,7 +87,6 @@ class MemoryTracer:
     ) -> None:
         n = len(statements)
         self.statements = list(statements)
-        self.device = device
         self._reader = reader
         self._host = host
         self._separate_host = reader is not host
@@ -96,6 +133,7 @@ class MemoryTracer:
         self.timeline: list[tuple[float, int, int, int]] = [(0.0, first.current, -1, first.current)]
         self._stride = 1
         self._pending_peak = first.current
+        self._totals: TraceTotals | None = None
         reader.reset_peak()
         if self._separate_host:
             host.reset_peak()
@@ -186,8 +224,11 @@ class MemoryTracer:
             self._stride *= 2
 
     # -- end of the cell -------------------------------------------------------------------
-    def finish(self) -> int:
-        """Close the statement still open (the failing one, after an error); return its index."""
+    def finish(self) -> TraceTotals:
+        """Close the statement still open (the failing one, after an error) and hand out
+        the numbers. A second call hands out the same numbers."""
+        if self._totals is not None:
+            return self._totals
         failing = self.open
         if self._sync is not None:
             self._synchronize()
@@ -197,7 +238,34 @@ class MemoryTracer:
         self._close(now, dev, host)
         self.open = -1
         self.elapsed_ns = now - self.started_ns
-        return failing
+        self._totals = TraceTotals(
+            statements=tuple(self.statements),
+            hits=tuple(self.hits),
+            delta=tuple(self.delta),
+            peak=tuple(self.peak),
+            after=tuple(self.after),
+            reserved_after=tuple(self.reserved_after),
+            host_delta=tuple(self.host_delta),
+            host_peak=tuple(self.host_peak),
+            host_after=tuple(self.host_after),
+            time_ns=tuple(self.time_ns),
+            parts=tuple(self.parts),
+            initial=self.initial,
+            final=self.final,
+            final_reserved=self.final_reserved,
+            cell_peak=self.cell_peak,
+            initial_host=self.initial_host,
+            final_host=self.final_host,
+            host_cell_peak=self.host_cell_peak,
+            elapsed_ns=self.elapsed_ns,
+            timeline=tuple(self.timeline),
+            failing=failing,
+            sync_requested=self.sync_requested,
+            syncs=self.syncs,
+            sync_ns=self.sync_ns,
+            sync_error=self.sync_error,
+        )
+        return self._totals
 
     def live_state(self) -> tuple[int, int, list[tuple[float, int, int, int]]]:
         """(statement running now, its hit count, timeline copy) for the live view; any thread."""

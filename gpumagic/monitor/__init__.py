@@ -18,7 +18,7 @@ for Prometheus to scrape (:mod:`gpumagic.monitor.exporter`).
 from __future__ import annotations
 
 from gpumagic.monitor.alerts import Alert
-from gpumagic.monitor.devices import Device
+from gpumagic.monitor.devices import WatchedDevice
 from gpumagic.monitor.exporter import MetricsServer, serve_metrics
 from gpumagic.monitor.job import JobWatcher
 from gpumagic.monitor.job_result import JobResult, JobStatus
@@ -26,6 +26,10 @@ from gpumagic.monitor.prometheus import PrometheusError
 from gpumagic.monitor.result import WatchResult, WatchStatus
 from gpumagic.monitor.start import current, stop_current, watch
 from gpumagic.monitor.watcher import Watcher
+
+# The name this class had before memory's traced device got a class of its own: kept so that
+# code written against it keeps working.
+Device = WatchedDevice
 
 __all__ = [
     "Alert",
@@ -37,6 +41,7 @@ __all__ = [
     "PrometheusError",
     "WatchResult",
     "WatchStatus",
+    "WatchedDevice",
     "Watcher",
     "current",
     "serve_metrics",

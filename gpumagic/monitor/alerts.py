@@ -23,9 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpumagic.device_kinds import HOST
 from gpumagic.monitor import metrics as M
 from gpumagic.monitor.cells import CellRecord
-from gpumagic.monitor.devices import Device
+from gpumagic.monitor.devices import WatchedDevice
 from gpumagic.units import fmt_percent
 
 LOW_UTIL_PCT = 30.0
@@ -39,7 +40,7 @@ SW_POWER_CAP = 0x4  # nvmlClocksEventReasonSwPowerCap: normal at full load (see 
 @dataclass(frozen=True)
 class Alert:
     kind: str  # "low_utilization", "memory", "host_memory", "thermal", "power", "slowdown"
-    device: str  # Device.key: "cuda:0", "host"
+    device: str  # WatchedDevice.key: "cuda:0", "host"
     message: str
     since: float = math.nan  # time.time() of the sample that raised it
 
@@ -55,7 +56,7 @@ def _cell_name(cell: CellRecord) -> str:
 
 
 def compute_alerts(
-    devices: Sequence[Device],
+    devices: Sequence[WatchedDevice],
     times: np.ndarray,
     values: np.ndarray,
     running: CellRecord | None,
@@ -69,7 +70,7 @@ def compute_alerts(
     out: list[Alert] = []
     for row, device in enumerate(devices):
         v = latest[row]
-        if device.kind == "host":
+        if device.kind == HOST:
             used, total = v[M.HOST_MEM_USED], v[M.HOST_MEM_TOTAL]
             if total > 0 and 100.0 * used / total > MEMORY_PCT:
                 out.append(
@@ -118,7 +119,7 @@ def compute_alerts(
 
 def _low_utilization(
     row: int,
-    device: Device,
+    device: WatchedDevice,
     times: np.ndarray,
     values: np.ndarray,
     running: CellRecord | None,

@@ -26,7 +26,6 @@ from __future__ import annotations
 import ctypes
 import math
 import os
-import re
 import sys
 import threading
 import time
@@ -37,10 +36,12 @@ from gpumagic.monitor.devices import parse_visible_devices
 from gpumagic.monitor.nvml import nvml_state
 from gpumagic.monitor.processes import GpuProcess, compute_processes, process_rows
 from gpumagic.render.html import Rendered
-from gpumagic.units import fmt_bytes, fmt_percent
+from gpumagic.units import fmt_bytes, fmt_percent, parse_size
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from gpumagic.render.sections import Report
 
 GIB = 1024**3
 VISIBLE = "CUDA_VISIBLE_DEVICES"
@@ -50,39 +51,9 @@ ORDER = "CUDA_DEVICE_ORDER"
 SAMPLE_S = 0.5
 _READS = 4
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
-# K/M/G/T and KiB/MiB/GiB/TiB are binary, as nvidia-smi's MiB; KB/MB/GB/TB are decimal.
-_UNITS = {"": 1, "b": 1}
-for _i, _p in enumerate("kmgt", 1):
-    _UNITS[_p] = _UNITS[f"{_p}ib"] = 1024**_i
-    _UNITS[f"{_p}b"] = 1000**_i
-
 
 class SelectError(ValueError):
     """No choice was made, and why; the environment is unchanged."""
-
-
-def parse_size(value: int | float | str) -> int:
-    """Bytes from ``8GiB``, ``8G`` (both binary, as nvidia-smi's MiB), ``8GB`` (decimal),
-    ``500MiB`` or a plain number of bytes; ValueError for anything else."""
-    if isinstance(value, bool):
-        raise ValueError(f"size must be like 8GiB, 500MiB or bytes, got {value!r}")
-    if isinstance(value, (int, float)):
-        number, unit = float(value), ""
-    else:
-        m = _SIZE.match(str(value))
-        if m is None:
-            raise ValueError(f"size must be like 8GiB, 24GB, 500MiB or bytes, got {value!r}")
-        number, unit = float(m.group(1)), m.group(2).lower()
-    if unit not in _UNITS:
-        raise ValueError(
-            f"size unit {unit!r} in {value!r} unknown: use B, KiB/MiB/GiB/TiB (K, M, G, T are "
-            "the same) or KB/MB/GB/TB (powers of 1000)"
-        )
-    scale = _UNITS[unit]
-    if not math.isfinite(number) or number < 0:
-        raise ValueError(f"size must be a number of bytes >= 0, got {value!r}")
-    return int(number * scale)
 
 
 # -- is it too late? -------------------------------------------------------------------------
@@ -282,15 +253,10 @@ class GpuChoice(Rendered):
             frame["rank"] = frame["rank"].astype("Int64")
         return frame
 
-    def _text(self) -> str:
-        from gpumagic.render.select import choice_text
+    def _report(self) -> Report:
+        from gpumagic.render.select import choice_report
 
-        return choice_text(self)
-
-    def _html(self) -> str:
-        from gpumagic.render.select import choice_html
-
-        return choice_html(self)
+        return choice_report(self)
 
 
 def _sort_key(c: Candidate) -> tuple[int, float, float, int]:
@@ -323,15 +289,7 @@ def select_gpus(
     Never initialises CUDA and never imports torch.
     """
     global _before_first
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ValueError(f"count must be a whole number of GPUs >= 1, got {count!r}")
-    min_free = parse_size(min_free_memory) if min_free_memory is not None else None
-    if max_gpu_utilization is not None:
-        max_util = float(max_gpu_utilization)
-        if not 0 <= max_util <= 100:
-            raise ValueError(f"max_gpu_utilization must be a percentage 0-100, got {max_gpu_utilization!r}")
-    else:
-        max_util = None
+    min_free, max_util = _limits(count, min_free_memory, max_gpu_utilization)
     late = too_late()
     if late is not None:
         raise SelectError(f"cannot choose GPUs now: {late}; {TOO_LATE_FIX}")
@@ -341,43 +299,15 @@ def select_gpus(
 
     with _applied_lock:
         base = _before_first if _before_first is not None else {VISIBLE: os.environ.get(VISIBLE)}
-    uuids = [g.uuid for g in state.gpus]
-    order, notes = parse_visible_devices(base[VISIBLE], uuids)
+    order, notes = parse_visible_devices(base[VISIBLE], [g.uuid for g in state.gpus])
     if not order:
         raise SelectError(
             f"no NVIDIA GPU to choose from: {VISIBLE}={base[VISIBLE]!r} hides every GPU "
             f"({len(state.gpus)} on this machine)"
         )
-    own = os.getpid()
-    candidates = []
-    for nvml_index in order:
-        gpu = state.gpus[nvml_index]
-        c = Candidate(nvml_index, gpu.name, gpu.uuid)
-        if gpu.handle is None:
-            c.skipped.append("NVML gave no handle")
-        else:
-            _read(state.module, gpu.handle, c, own, sample_s)
-        candidates.append(c)
-
-    criteria = []
-    if min_free is not None:
-        criteria.append(f"at least {fmt_bytes(min_free)} free")
-    if max_util is not None:
-        criteria.append(f"at most {fmt_percent(max_util)} busy")
-    if no_others:
-        criteria.append("no other process")
-    for c in candidates:
-        if min_free is not None and not (c.free >= min_free):
-            c.skipped.append(f"{fmt_bytes(c.free)} free < {fmt_bytes(min_free)}")
-        if max_util is not None:
-            if math.isnan(c.utilization):
-                c.skipped.append("utilisation unknown")
-            elif c.utilization > max_util:
-                c.skipped.append(f"{fmt_percent(c.utilization)} busy > {fmt_percent(max_util)}")
-        if no_others and c.others:
-            c.skipped.append(f"used by {', '.join(c.users)}")
-        elif no_others and c.process_note:
-            c.skipped.append(f"cannot tell who uses it: {c.process_note}")
+    candidates = _read_candidates(state, order, sample_s)
+    criteria = _criteria(min_free, max_util, no_others)
+    _skip_unqualified(candidates, min_free, max_util, no_others)
     eligible = sorted((c for c in candidates if not c.skipped), key=_sort_key)
     for rank, c in enumerate(eligible, 1):
         c.rank = rank
@@ -402,13 +332,7 @@ def select_gpus(
             if _before_first is None:
                 _before_first = {VISIBLE: previous[VISIBLE]}
             os.environ.update(env)
-        from gpumagic.monitor.watcher import current
-
-        if current() is not None:
-            notes.append(
-                "a gpuwatch started before this choice still numbers the GPUs as it found them: "
-                "restart it to follow the new CUDA_VISIBLE_DEVICES"
-            )
+        notes += _watcher_note()
     return GpuChoice(
         indices=indices,
         uuids=[c.uuid for c in chosen],
@@ -419,3 +343,73 @@ def select_gpus(
         previous=previous,
         notes=notes,
     )
+
+
+
+def _limits(
+    count: object, min_free_memory: int | float | str | None, max_gpu_utilization: float | None
+) -> tuple[int | None, float | None]:
+    """The arguments checked: (minimum free bytes, maximum utilisation percent)."""
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"count must be a whole number of GPUs >= 1, got {count!r}")
+    min_free = parse_size(min_free_memory) if min_free_memory is not None else None
+    if max_gpu_utilization is None:
+        return min_free, None
+    max_util = float(max_gpu_utilization)
+    if not 0 <= max_util <= 100:
+        raise ValueError(f"max_gpu_utilization must be a percentage 0-100, got {max_gpu_utilization!r}")
+    return min_free, max_util
+
+
+def _read_candidates(state: Any, order: list[int], sample_s: float) -> list[Candidate]:
+    own = os.getpid()
+    candidates = []
+    for nvml_index in order:
+        gpu = state.gpus[nvml_index]
+        c = Candidate(nvml_index, gpu.name, gpu.uuid)
+        if gpu.handle is None:
+            c.skipped.append("NVML gave no handle")
+        else:
+            _read(state.module, gpu.handle, c, own, sample_s)
+        candidates.append(c)
+    return candidates
+
+
+def _criteria(min_free: int | None, max_util: float | None, no_others: bool) -> list[str]:
+    criteria = []
+    if min_free is not None:
+        criteria.append(f"at least {fmt_bytes(min_free)} free")
+    if max_util is not None:
+        criteria.append(f"at most {fmt_percent(max_util)} busy")
+    if no_others:
+        criteria.append("no other process")
+    return criteria
+
+
+def _skip_unqualified(
+    candidates: list[Candidate], min_free: int | None, max_util: float | None, no_others: bool
+) -> None:
+    """Say on each candidate why it does not qualify (an empty ``skipped``: it does)."""
+    for c in candidates:
+        if min_free is not None and not (c.free >= min_free):
+            c.skipped.append(f"{fmt_bytes(c.free)} free < {fmt_bytes(min_free)}")
+        if max_util is not None:
+            if math.isnan(c.utilization):
+                c.skipped.append("utilisation unknown")
+            elif c.utilization > max_util:
+                c.skipped.append(f"{fmt_percent(c.utilization)} busy > {fmt_percent(max_util)}")
+        if no_others and c.others:
+            c.skipped.append(f"used by {', '.join(c.users)}")
+        elif no_others and c.process_note:
+            c.skipped.append(f"cannot tell who uses it: {c.process_note}")
+
+
+def _watcher_note() -> list[str]:
+    from gpumagic.monitor.watcher import current
+
+    if current() is None:
+        return []
+    return [
+        "a gpuwatch started before this choice still numbers the GPUs as it found them: "
+        "restart it to follow the new CUDA_VISIBLE_DEVICES"
+    ]

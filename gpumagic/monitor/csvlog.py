@@ -17,8 +17,9 @@ from typing import IO
 
 import numpy as np
 
+from gpumagic.device_kinds import CUDA
 from gpumagic.monitor import metrics as M
-from gpumagic.monitor.devices import Device
+from gpumagic.monitor.devices import WatchedDevice
 
 ID_COLUMNS = ("timestamp", "device", "index", "cuda.index", "name")
 THROTTLE_NAMES_COLUMN = "clocks_throttle_reasons.names"
@@ -28,7 +29,7 @@ def columns(with_gpus: bool) -> list[str]:
     """The header: GPU columns only when GPUs are watched (a host-only log stays narrow)."""
     cols = list(ID_COLUMNS)
     for metric in M.METRICS:
-        if metric.scope == "gpu" and not with_gpus:
+        if metric.scope == CUDA and not with_gpus:
             continue
         cols.append(metric.csv)
         if metric.key == "throttle_reasons":
@@ -49,12 +50,12 @@ class CsvLog:
     than overwritten, because the path may be someone's data.
     """
 
-    def __init__(self, path: str | os.PathLike[str], devices: Sequence[Device]) -> None:
+    def __init__(self, path: str | os.PathLike[str], devices: Sequence[WatchedDevice]) -> None:
         self.path = Path(path).expanduser()
         self._devices = list(devices)
-        with_gpus = any(d.kind == "gpu" for d in devices)
+        with_gpus = any(d.kind == CUDA for d in devices)
         self.header = columns(with_gpus)
-        self._metrics = [m for m in M.METRICS if with_gpus or m.scope != "gpu"]
+        self._metrics = [m for m in M.METRICS if with_gpus or m.scope != CUDA]
         self.rows_written = 0
         self.error: str | None = None
         header_line = ",".join(self.header)

@@ -12,16 +12,18 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gpumagic.device_kinds import CUDA, HOST, DeviceKind, device_key
+
 
 @dataclass(frozen=True)
-class Device:
-    """One row of every sample: a GPU (``kind="gpu"``) or the host (``kind="host"``).
+class WatchedDevice:
+    """One row of every sample: a GPU (``kind="cuda"``) or the host (``kind="host"``).
 
     A MIG instance is a GPU row of its own: ``nvml_index`` is its parent board's index and
     ``mig_index`` its slot on that board (NVML's MIG device index).
     """
 
-    kind: str
+    kind: DeviceKind
     name: str
     nvml_index: int | None = None  # physical index (nvidia-smi's ``index``)
     cuda_index: int | None = None  # index as CUDA/PyTorch sees it (``cuda:N``)
@@ -31,14 +33,14 @@ class Device:
     @property
     def key(self) -> str:
         """``cuda:0`` for a GPU, ``host`` for the host (the ``device`` column)."""
-        return f"cuda:{self.cuda_index}" if self.kind == "gpu" else "host"
+        return device_key(self.kind, self.cuda_index)
 
     @property
     def label(self) -> str:
         """Both numberings when they differ: ``cuda:0 (GPU 2)``; ``GPU 0`` when they agree;
         ``cuda:0 (GPU 0 MIG 1)`` for a MIG instance."""
-        if self.kind != "gpu":
-            return "host"
+        if self.kind != CUDA:
+            return HOST
         if self.mig_index is not None:
             return f"cuda:{self.cuda_index} (GPU {self.nvml_index} MIG {self.mig_index})"
         if self.cuda_index == self.nvml_index:
@@ -92,7 +94,8 @@ def visible_devices(
     env: str | None, uuids: Sequence[str | None], mig_uuids: Sequence[str | None] = ()
 ) -> VisibleDevices:
     """Read ``CUDA_VISIBLE_DEVICES`` as torch and the CUDA runtime do (torch's
-    ``_parse_visible_devices`` and ``_transform_uuid_to_ordinals``, audit M5).
+    ``_parse_visible_devices`` and ``_transform_uuid_to_ordinals`` in ``torch/cuda/__init__.py``):
+    a watcher that read it more simply labelled the wrong GPU as ``cuda:N``.
 
     ``uuids``: the NVML UUIDs by NVML index; ``mig_uuids``: the MIG instances' UUIDs.
     The whole list is read in the mode of its first entry: ``GPU-`` UUID (prefixes),

@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from gpumagic.device_kinds import HOST
 from gpumagic.monitor import metrics as M
-from gpumagic.monitor.devices import Device
+from gpumagic.monitor.devices import WatchedDevice
 
 # A delta over less wall time than this is mostly timer granularity (clock ticks are
 # 10 ms on Linux), so the first sample right after start reports CPU % as missing.
@@ -40,7 +41,7 @@ class HostReader:
     """Fills the host row of a sample; never raises (missing values stay NaN)."""
 
     def __init__(self) -> None:
-        self.device = Device("host", platform.node() or "host")
+        self.device = WatchedDevice(HOST, platform.node() or "host")
         self.error: str | None = None
         try:
             import psutil

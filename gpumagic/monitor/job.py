@@ -35,7 +35,6 @@ import numpy as np
 
 from gpumagic.monitor import dcgm
 from gpumagic.monitor.cells import CellMarks
-from gpumagic.monitor.cost import check_price
 from gpumagic.monitor.csvlog import timestamp
 from gpumagic.monitor.job_result import SERIES_COLUMNS, JobResult, JobStatus
 from gpumagic.monitor.job_stats import (
@@ -55,6 +54,7 @@ from gpumagic.monitor.prometheus import (
 )
 from gpumagic.monitor.ring import Ring, capacity_for
 from gpumagic.monitor.watcher import MIN_SPACING, WatchEvent, _check_interval, _check_window
+from gpumagic.units import parse_price
 
 __all__ = ["JobWatcher"]
 
@@ -89,7 +89,7 @@ class JobWatcher:
     ) -> None:
         self.interval, floor_note = _check_interval(interval)
         self.window = _check_window(window, self.interval)
-        self.price = check_price(price)
+        self.price = parse_price(price)
         self.client = PrometheusClient(prometheus, timeout)
         self.url = self.client.url
         self.selector = normalize_selector(selector)

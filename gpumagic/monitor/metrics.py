@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from gpumagic.device_kinds import CUDA, HOST, DeviceKind
+
 MIB = 1024 * 1024
 
 
@@ -21,36 +23,36 @@ class Metric:
     key: str  # DataFrame column
     csv: str  # CSV column (nvidia-smi's query name where one exists)
     unit: str  # "%", "B", "°C", "W", "MHz", "mask"
-    scope: str  # "gpu" (one value per GPU) or "host" (one value per machine/process)
+    scope: DeviceKind  # CUDA (one value per GPU) or HOST (one value per machine/process)
     csv_scale: float = 1.0  # multiply the internal value by this for the CSV
     csv_digits: int = 0
 
 
 METRICS: tuple[Metric, ...] = (
-    Metric("utilization_gpu", "utilization.gpu [%]", "%", "gpu"),
-    Metric("utilization_memory", "utilization.memory [%]", "%", "gpu"),
-    Metric("memory_used", "memory.used [MiB]", "B", "gpu", 1 / MIB),
-    Metric("memory_total", "memory.total [MiB]", "B", "gpu", 1 / MIB),
+    Metric("utilization_gpu", "utilization.gpu [%]", "%", CUDA),
+    Metric("utilization_memory", "utilization.memory [%]", "%", CUDA),
+    Metric("memory_used", "memory.used [MiB]", "B", CUDA, 1 / MIB),
+    Metric("memory_total", "memory.total [MiB]", "B", CUDA, 1 / MIB),
     # nvidia-smi --query-compute-apps calls it used_gpu_memory; "process." = this kernel.
-    Metric("process_memory_used", "process.used_gpu_memory [MiB]", "B", "gpu", 1 / MIB),
-    Metric("temperature", "temperature.gpu", "°C", "gpu"),
-    Metric("power_draw", "power.draw [W]", "W", "gpu", 1.0, 2),
-    Metric("power_limit", "power.limit [W]", "W", "gpu", 1.0, 2),
-    Metric("clock_sm", "clocks.sm [MHz]", "MHz", "gpu"),
-    Metric("clock_mem", "clocks.mem [MHz]", "MHz", "gpu"),
-    Metric("throttle_reasons", "clocks_throttle_reasons.active", "mask", "gpu"),
-    Metric("host_cpu", "host.cpu [%]", "%", "host", 1.0, 1),
-    Metric("host_memory_used", "host.memory.used [MiB]", "B", "host", 1 / MIB),
-    Metric("host_memory_total", "host.memory.total [MiB]", "B", "host", 1 / MIB),
+    Metric("process_memory_used", "process.used_gpu_memory [MiB]", "B", CUDA, 1 / MIB),
+    Metric("temperature", "temperature.gpu", "°C", CUDA),
+    Metric("power_draw", "power.draw [W]", "W", CUDA, 1.0, 2),
+    Metric("power_limit", "power.limit [W]", "W", CUDA, 1.0, 2),
+    Metric("clock_sm", "clocks.sm [MHz]", "MHz", CUDA),
+    Metric("clock_mem", "clocks.mem [MHz]", "MHz", CUDA),
+    Metric("throttle_reasons", "clocks_throttle_reasons.active", "mask", CUDA),
+    Metric("host_cpu", "host.cpu [%]", "%", HOST, 1.0, 1),
+    Metric("host_memory_used", "host.memory.used [MiB]", "B", HOST, 1 / MIB),
+    Metric("host_memory_total", "host.memory.total [MiB]", "B", HOST, 1 / MIB),
     # Share of the whole machine's CPU time (same 0-100 scale as host.cpu), not top's per-core %.
-    Metric("process_cpu", "process.cpu [%]", "%", "host", 1.0, 1),
-    Metric("process_rss", "process.memory.rss [MiB]", "B", "host", 1 / MIB),
+    Metric("process_cpu", "process.cpu [%]", "%", HOST, 1.0, 1),
+    Metric("process_rss", "process.memory.rss [MiB]", "B", HOST, 1 / MIB),
 )
 
 INDEX: dict[str, int] = {m.key: i for i, m in enumerate(METRICS)}
 N_METRICS = len(METRICS)
-GPU_METRICS = tuple(m for m in METRICS if m.scope == "gpu")
-HOST_METRICS = tuple(m for m in METRICS if m.scope == "host")
+GPU_METRICS = tuple(m for m in METRICS if m.scope == CUDA)
+HOST_METRICS = tuple(m for m in METRICS if m.scope == HOST)
 
 UTIL_GPU = INDEX["utilization_gpu"]
 UTIL_MEM = INDEX["utilization_memory"]

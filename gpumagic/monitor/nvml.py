@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy as np
 
+from gpumagic.device_kinds import CUDA
 from gpumagic.monitor import metrics as M
 from gpumagic.monitor.devices import (
-    Device,
+    WatchedDevice,
     map_from_torch,
     torch_visible_uuids,
     visible_devices,
@@ -135,7 +136,7 @@ def _init(module: Any) -> _NvmlState:
 
 
 def _mig_instances(module: Any, gpu: PhysicalGpu) -> list[PhysicalGpu] | None:
-    """The MIG instances of a board in MIG mode (audit M4); None when MIG is off.
+    """The MIG instances of a board in MIG mode; None when MIG is off.
 
     In MIG mode the board's own memory counts every tenant's instances and its utilisation
     is NOT_SUPPORTED, so the instances are what is watched: each MIG device handle
@@ -195,27 +196,31 @@ def nvml_state() -> _NvmlState:
 class GpuSelection:
     """The GPUs a watcher samples, or the reason it samples none."""
 
-    gpus: list[tuple[Device, PhysicalGpu]]
-    available: list[Device]  # every visible GPU (for error messages)
+    gpus: list[tuple[WatchedDevice, PhysicalGpu]]
+    available: list[WatchedDevice]  # every visible GPU (for error messages)
     reason: str | None
     notes: list[str]
     module: Any
 
 
-def select_gpus(wanted: list[int] | None) -> GpuSelection:
-    """Visible GPUs (CUDA order), filtered to the CUDA indexes in ``wanted``.
+def gpus_to_watch(wanted: list[int] | None) -> GpuSelection:
+    """The GPUs a watcher samples: the visible ones (CUDA order), filtered to the CUDA
+    indexes in ``wanted``. (Not :func:`gpumagic.monitor.choose.select_gpus`, which picks the
+    least-loaded GPUs of a shared box for the user.)
 
     A board in MIG mode is watched as its MIG instances. Raises ValueError for an index
     that is not visible, listing the ones that are.
     """
     state = nvml_state()
     notes: list[str] = []
-    visible: list[tuple[Device, PhysicalGpu]] = []
+    visible: list[tuple[WatchedDevice, PhysicalGpu]] = []
     reason = state.reason
     if reason is None:
         units, empty_reason = _visible_units(state, notes)
         for cuda_index, gpu in enumerate(units):
-            device = Device("gpu", gpu.name, gpu.nvml_index, cuda_index, gpu.uuid, gpu.mig_index)
+            device = WatchedDevice(
+                CUDA, gpu.name, gpu.nvml_index, cuda_index, gpu.uuid, gpu.mig_index
+            )
             if gpu.handle is None:
                 notes.append(f"{device.label}: NVML gave no handle; not watched")
                 continue
@@ -304,7 +309,7 @@ _SUCCESSOR = {"temperature": "temperature.v"}
 class GpuReader:
     """Reads every metric of one GPU into a row of the sample block; never raises."""
 
-    def __init__(self, module: Any, device: Device, gpu: PhysicalGpu, pid: int) -> None:
+    def __init__(self, module: Any, device: WatchedDevice, gpu: PhysicalGpu, pid: int) -> None:
         self._nv = module
         # A MIG instance: memory and processes from its own handle, the board's sensors
         # (temperature, power, clocks) from the board's; utilisation exists for neither.
@@ -482,8 +487,8 @@ def cuda_devices_in_use() -> set[int]:
 
     ``torch.cuda.is_initialized()`` alone is not "using the GPU": ``_lazy_init`` (run by
     ``torch.cuda.current_device()``, ``get_device_properties()``, ...) creates no context
-    (pytorch#99533), so NVML does not list the process and its GPU memory is really 0
-    (audit M1). A context exists once torch allocated memory or launched work on the
+    (pytorch#99533), so NVML does not list the process and its GPU memory is really 0.
+    A context exists once torch allocated memory or launched work on the
     device; ``torch._C._cuda_hasPrimaryContext`` asks the driver directly where this build
     has it, and memory the caching allocator reserves is the sign everywhere else.
     """

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gpumagic.monitor.devices import Device
+from gpumagic.monitor.devices import WatchedDevice
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -40,8 +40,8 @@ class GpuProcess:
     """One compute process on one GPU. ``gpu_memory`` in bytes (NaN: NVML cannot attribute
     memory per process, as under Windows WDDM); ``user``/``command`` None when unknown."""
 
-    device: str  # Device.key: "cuda:0"
-    label: str  # Device.label: "GPU 0", "cuda:0 (GPU 2)"
+    device: str  # WatchedDevice.key: "cuda:0"
+    label: str  # WatchedDevice.label: "GPU 0", "cuda:0 (GPU 2)"
     index: int | None  # NVML (nvidia-smi) index
     cuda_index: int | None
     pid: int
@@ -186,7 +186,7 @@ def process_rows(
 
 
 def read_processes(
-    module: Any, gpus: Sequence[tuple[Device, Any]], own_pid: int, now: float
+    module: Any, gpus: Sequence[tuple[WatchedDevice, Any]], own_pid: int, now: float
 ) -> ProcessTable:
     """The compute processes of ``gpus`` (``(device, NVML handle)`` pairs), never raising."""
     table = ProcessTable(time=now, read=True)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpumagic.device_kinds import CUDA
 from gpumagic.monitor import metrics as M
 from gpumagic.monitor.alerts import Alert, cell_note
 
@@ -23,8 +24,9 @@ if TYPE_CHECKING:
 
     from gpumagic.monitor.cells import CellRecord
     from gpumagic.monitor.cost import CostState
-    from gpumagic.monitor.devices import Device
+    from gpumagic.monitor.devices import WatchedDevice
     from gpumagic.monitor.snapshot import Snapshot
+    from gpumagic.render.sections import Report
 
 UNITS: dict[str, str] = {m.key: m.unit for m in M.METRICS} | {
     "duration_us": "µs",
@@ -40,11 +42,12 @@ UNITS: dict[str, str] = {m.key: m.unit for m in M.METRICS} | {
 }
 
 _GPU_CELL_COLUMNS = ("peak_utilization", "mean_utilization", "peak_memory", "peak_process_memory")
-# Which GPUs a cell's utilisation is of: this process's (audit M12), or the busiest GPU's.
+# Which GPUs a cell's utilisation is of: this process's (another user's busy GPU says
+# nothing about this kernel's cells), or, where this process uses none, the busiest GPU's.
 _UTILIZATION_OF = "utilization_of"
 
 
-def utilization_of(cell: CellRecord, devices: Sequence[Device]) -> str:
+def utilization_of(cell: CellRecord, devices: Sequence[WatchedDevice]) -> str:
     """``cuda:0`` (the GPUs this process used during the cell) or ``busiest GPU``."""
     keys = [devices[r].key for r in cell.utilization_rows if r < len(devices)]
     return ", ".join(keys) if keys else "busiest GPU"
@@ -72,9 +75,9 @@ def device_values(snapshot: Snapshot, sample: int = -1) -> list[dict[str, Any]]:
             "cuda_index": device.cuda_index,
         }
         for metric in M.METRICS:
-            if (metric.scope == "gpu") == (device.kind == "gpu"):
+            if (metric.scope == CUDA) == (device.kind == CUDA):
                 entry[metric.key] = float(v[M.INDEX[metric.key]])
-        if device.kind == "gpu":
+        if device.kind == CUDA:
             entry["throttle"] = M.throttle_names(v[M.THROTTLE])
         out.append(entry)
     return out
@@ -106,15 +109,17 @@ class WatchStatus:
                 return entry
         raise KeyError(f"{device!r}: devices are {[e['device'] for e in self.devices]}")
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        from gpumagic.render.watch import status_html, status_text
+    def _report(self) -> Report:
+        from gpumagic.render.watch_status import status_report
 
-        return {"text/plain": status_text(self), "text/html": status_html(self)}
+        return status_report(self)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        report = self._report()
+        return {"text/plain": report.text(), "text/html": report.html()}
 
     def __repr__(self) -> str:
-        from gpumagic.render.watch import status_text
-
-        return status_text(self)
+        return self._report().text()
 
 
 class WatchResult:
@@ -142,7 +147,7 @@ class WatchResult:
 
     @property
     def has_gpus(self) -> bool:
-        return any(d.kind == "gpu" for d in self.devices)
+        return any(d.kind == CUDA for d in self.devices)
 
     @property
     def sample_cpu_mean_s(self) -> float:
@@ -169,7 +174,7 @@ class WatchResult:
 
         snap = self.snapshot
         n, d = len(snap.times), len(snap.devices)
-        keep = [m for m in M.METRICS if self.has_gpus or m.scope != "gpu"]
+        keep = [m for m in M.METRICS if self.has_gpus or m.scope != CUDA]
         flat = snap.values.reshape(n * d, M.N_METRICS)
         data: dict[str, Any] = {
             "time": _local_times(np.repeat(snap.times, d)),
@@ -232,15 +237,17 @@ class WatchResult:
             frame = frame.drop(columns=[*_GPU_CELL_COLUMNS, _UTILIZATION_OF])
         return _add_cost_columns(frame, self.snapshot, self.has_gpus)
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        from gpumagic.render.watch import result_html, result_text
+    def _report(self) -> Report:
+        from gpumagic.render.watch_summary import result_report
 
-        return {"text/plain": result_text(self), "text/html": result_html(self)}
+        return result_report(self)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        report = self._report()
+        return {"text/plain": report.text(), "text/html": report.html()}
 
     def __repr__(self) -> str:
-        from gpumagic.render.watch import result_text
-
-        return result_text(self)
+        return self._report().text()
 
 
 def _process_frame(snapshot: Snapshot) -> pd.DataFrame:

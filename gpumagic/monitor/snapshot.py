@@ -10,10 +10,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpumagic.device_kinds import CUDA
 from gpumagic.monitor.alerts import Alert
 from gpumagic.monitor.cells import CellRecord
 from gpumagic.monitor.cost import CostState
-from gpumagic.monitor.devices import Device
+from gpumagic.monitor.devices import WatchedDevice
 from gpumagic.monitor.processes import ProcessTable
 
 
@@ -21,7 +22,7 @@ from gpumagic.monitor.processes import ProcessTable
 class Snapshot:
     """A consistent copy of a watcher's state: what renderers and results read."""
 
-    devices: tuple[Device, ...]
+    devices: tuple[WatchedDevice, ...]
     times: np.ndarray  # (samples,) time.time() seconds, oldest first, within the window
     values: np.ndarray  # (samples, devices, metrics) float64, NaN = missing
     cells: list[CellRecord]
@@ -45,7 +46,7 @@ class Snapshot:
 
     @property
     def gpu_rows(self) -> list[int]:
-        return [i for i, d in enumerate(self.devices) if d.kind == "gpu"]
+        return [i for i, d in enumerate(self.devices) if d.kind == CUDA]
 
     @property
     def host_row(self) -> int:

@@ -33,15 +33,16 @@ import numpy as np
 from gpumagic.monitor import metrics as M
 from gpumagic.monitor.alerts import LOW_UTIL_SPAN_S, Alert, compute_alerts
 from gpumagic.monitor.cells import CellMarks
-from gpumagic.monitor.cost import CostMeter, check_price, parse_duration
+from gpumagic.monitor.cost import CostMeter
 from gpumagic.monitor.csvlog import CsvLog
-from gpumagic.monitor.devices import Device
+from gpumagic.monitor.devices import WatchedDevice
 from gpumagic.monitor.host import HostReader
-from gpumagic.monitor.nvml import GpuReader, cuda_devices_in_use, cuda_in_use, select_gpus
+from gpumagic.monitor.nvml import GpuReader, cuda_devices_in_use, cuda_in_use, gpus_to_watch
 from gpumagic.monitor.processes import ProcessTable, read_processes
 from gpumagic.monitor.result import WatchResult, WatchStatus
 from gpumagic.monitor.ring import Ring, capacity_for
 from gpumagic.monitor.snapshot import Snapshot
+from gpumagic.units import parse_duration, parse_price
 
 __all__ = ["Snapshot", "WatchEvent", "Watcher", "current", "stop_current", "watch"]
 
@@ -134,12 +135,12 @@ class Watcher:
         on_idle: Callable[[Alert], object] | None = None,
     ) -> None:
         self.interval, floor_note = _check_interval(interval)
-        self.price = check_price(price)
+        self.price = parse_price(price)
         self.idle_alert_s = parse_duration(idle_alert) if idle_alert is not None else None
         if on_idle is not None and not callable(on_idle):
             raise ValueError(f"on_idle must be callable, got {on_idle!r}")
         self.window = _check_window(window, self.interval)
-        selection = select_gpus(_check_gpus(gpus))
+        selection = gpus_to_watch(_check_gpus(gpus))
         self.reason = selection.reason
         self._notes: list[str] = ([floor_note] if floor_note else []) + selection.notes
         pid = os.getpid()
@@ -147,7 +148,7 @@ class Watcher:
         self._nvml = selection.module
         self._gpu_handles = [(d, g.handle) for d, g in selection.gpus]
         self._host = HostReader()
-        self.devices: tuple[Device, ...] = (
+        self.devices: tuple[WatchedDevice, ...] = (
             *(r.device for r in self._gpu_readers),
             self._host.device,
         )
@@ -443,7 +444,7 @@ class Watcher:
     def _own_rows(self, block: np.ndarray) -> list[int]:
         """GPU rows this process uses: NVML lists its memory there, or (NVML cannot tell, as
         in a container's PID namespace) it holds a CUDA context there. A cell's utilisation
-        comes from these, not from another user's busiest GPU (audit M12)."""
+        comes from these, not from another user's busiest GPU on a shared box."""
         if not self._gpu_readers:
             return []
         proc = block[self._gpu_rows, M.PROC_MEM]

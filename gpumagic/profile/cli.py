@@ -1,7 +1,8 @@
 """``gpumagic analyze PATH [--html OUT.html] [--rows N]``: the report in a terminal.
 
-Wired into ``python -m gpumagic analyze`` by :mod:`gpumagic.__main__`; ``main`` takes the
-arguments after ``analyze`` (or with it) and returns the exit status.
+Wired into the ``gpumagic`` command (and ``python -m gpumagic``) by :mod:`gpumagic.__main__`;
+``main`` takes the arguments after ``analyze`` (or with it) and the name the command was
+typed as, which its usage and error lines show, and returns the exit status.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from collections.abc import Sequence
 from gpumagic.profile.trace.errors import TraceError
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "gpumagic analyze") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="gpumagic analyze",
+        prog=prog,
         description="Analyse a torch.profiler Chrome trace (or a directory of per-rank traces).",
     )
     p.add_argument("path", help="trace file (.json / .json.gz) or directory of rank traces")
@@ -24,13 +25,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "gpumagic analyze") -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
     if args_in[:1] == ["analyze"]:
         args_in = args_in[1:]
-    args = build_parser().parse_args(args_in)
+    args = build_parser(prog).parse_args(args_in)
     if args.rows < 1:
-        sys.stderr.write("gpumagic analyze: --rows must be at least 1\n")
+        sys.stderr.write(f"{prog}: --rows must be at least 1\n")
         return 2
 
     from gpumagic.profile.load import load_trace
@@ -39,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = load_trace(args.path)
         text = result.to_text(rows=args.rows)
     except TraceError as e:
-        sys.stderr.write(f"gpumagic analyze: {e}\n")
+        sys.stderr.write(f"{prog}: {e}\n")
         return 1
     # The file before the text: when stdout is a pipe that closes early (`| head -1`), the
     # write fails and the command ends, and the report asked for is written all the same.
@@ -48,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             out = result.export(args.html, rows=max(args.rows, 25))
         except OSError as e:
-            failed = f"gpumagic analyze: cannot write {args.html}: {e.strerror or e}\n"
+            failed = f"{prog}: cannot write {args.html}: {e.strerror or e}\n"
     sys.stdout.write(text + "\n")
     if failed:
         sys.stderr.write(failed)
@@ -59,4 +60,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())
+    raise SystemExit(main(prog="python -m gpumagic.profile.cli"))

@@ -18,6 +18,8 @@ from gpumagic.units import fmt_percent
 if TYPE_CHECKING:
     import pandas as pd
 
+    from gpumagic.render.sections import Report
+
 _LINE_DELTA_COLUMNS = [
     "line",
     "source",
@@ -183,15 +185,10 @@ class Comparison(Rendered):
             parts.append(f"step time {fmt_percent(change, signed=True)}")
         return ", ".join(parts) if parts else "no change"
 
-    def _text(self) -> str:
-        from gpumagic.render.compare import comparison_text
+    def _report(self) -> Report:
+        from gpumagic.render.compare import comparison_report
 
-        return comparison_text(self)
-
-    def _html(self) -> str:
-        from gpumagic.render.compare import comparison_html
-
-        return comparison_html(self)
+        return comparison_report(self)
 
 
 def compare(

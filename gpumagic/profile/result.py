@@ -28,7 +28,11 @@ from gpumagic.profile.trace.session import LiveState
 from gpumagic.render.html import Rendered
 
 if TYPE_CHECKING:
+    import numpy as np
     import pandas as pd
+
+# Table rows a result shows by default: a terminal has less room than a notebook.
+TEXT_ROWS, HTML_ROWS = 10, 15
 
 
 class ProfileResult(Rendered):
@@ -304,6 +308,37 @@ class ProfileResult(Rendered):
 
         return module_attribution(self.primary).frame()
 
+    @property
+    def lines_span_us(self) -> float:
+        """The µs the cell's statements spanned, of which :attr:`lines` accounts the host time."""
+        from gpumagic.profile.analysis.lines import line_attribution
+
+        return line_attribution(self.primary).profiled_us
+
+    @property
+    def modules_note(self) -> str:
+        """Where :attr:`modules` came from (``%%gpuprofile``'s hooks, or the stacks of a
+        ``with_stack=True`` trace) and what that means for reading it."""
+        from gpumagic.profile.analysis.modules import ORIGIN_NOTES, module_attribution
+
+        return ORIGIN_NOTES.get(module_attribution(self.primary).origin, "")
+
+    def gpu_busy(self, bins: int) -> np.ndarray:
+        """Per slice of the analysed steps cut into ``bins`` equal slices (the first step's
+        start to the last one's end), the fraction of it in which some GPU event ran."""
+        import numpy as np
+
+        from gpumagic.profile.analysis import intervals
+
+        a = self.primary
+        lo, hi = a.steps.span
+        if hi <= lo or not a.trace.has_gpu:
+            return np.zeros(bins)
+        edges = np.linspace(lo, hi, bins + 1)
+        gpu = a.trace.gpu
+        busy: np.ndarray = np.diff(intervals.cumulative(gpu.ts, gpu.end, edges)) / np.diff(edges)
+        return busy
+
     @cached_property
     def findings(self) -> list[Finding]:
         """The diagnosis, ranked by estimated saving per step."""
@@ -320,28 +355,22 @@ class ProfileResult(Rendered):
     # --- output ----------------------------------------------------------------------
 
     def _text(self) -> str:
-        if self.display_rows is not None:
-            return self.to_text(rows=self.display_rows)
-        from gpumagic.render.profile import profile_text
-
-        return profile_text(self)
+        return self.to_text(TEXT_ROWS if self.display_rows is None else self.display_rows)
 
     def _html(self) -> str:
-        if self.display_rows is not None:
-            return self.to_html(rows=self.display_rows)
-        from gpumagic.render.profile import profile_html
-
-        return profile_html(self)
+        return self.to_html(HTML_ROWS if self.display_rows is None else self.display_rows)
 
     def to_text(self, rows: int = 10) -> str:
-        from gpumagic.render.profile import profile_text
+        """The report as text, ``rows`` rows in each table."""
+        from gpumagic.render.profile import profile_report
 
-        return profile_text(self, rows=rows)
+        return profile_report(self, rows).text()
 
     def to_html(self, rows: int = 15) -> str:
-        from gpumagic.render.profile import profile_html
+        """The report as HTML, ``rows`` rows in each table."""
+        from gpumagic.render.profile import profile_report
 
-        return profile_html(self, rows=rows)
+        return profile_report(self, rows).html()
 
     def export(self, path: str | Path, rows: int = 50) -> Path:
         """Write a self-contained HTML report (no scripts, no external files)."""

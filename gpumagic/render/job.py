@@ -14,18 +14,35 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from datetime import datetime
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from gpumagic.monitor import dcgm
-from gpumagic.monitor.cost import fmt_usd, fmt_wh
 from gpumagic.monitor.job_result import latest_values
 from gpumagic.monitor.job_stats import STRAGGLER_SPAN_S, cell_cost, cell_stats
-from gpumagic.render.html import PALETTE, Rendered, escape, kv, table, text_table, wrap
+from gpumagic.render.html import PALETTE, Rendered, escape, wrap
+from gpumagic.render.sections import (
+    Details,
+    Figure,
+    Heading,
+    KeyValues,
+    Paragraph,
+    Report,
+    Section,
+    only,
+)
 from gpumagic.render.svg import Band, Chart, Series, render_small_multiples
-from gpumagic.units import fmt_percent, fmt_us
+from gpumagic.render.table import Column, Table
+from gpumagic.units import (
+    fmt_celsius,
+    fmt_clock,
+    fmt_percent,
+    fmt_seconds,
+    fmt_usd,
+    fmt_watts,
+    fmt_wh,
+)
 
 if TYPE_CHECKING:
     from gpumagic.monitor.cells import CellRecord
@@ -43,16 +60,8 @@ _FAILED_BAND = "rgba(217, 83, 79, 0.14)"
 _U = dcgm.FIELD_INDEX
 
 
-def _seconds(s: float) -> str:
-    return fmt_us(s * 1e6)
-
-
-def _clock(t: float) -> str:
-    return datetime.fromtimestamp(t).strftime("%H:%M:%S")
-
-
-def _num(v: float, unit: str, digits: int = 0) -> str:
-    return "–" if math.isnan(v) else f"{v:,.{digits}f} {unit}"
+_seconds = fmt_seconds
+_clock = fmt_clock
 
 
 def _mib(v: float) -> str:
@@ -128,8 +137,8 @@ def _gpu_charts(snap: JobSnapshot, live: bool) -> str:
             total = now[_U[dcgm.FB_USED]] + now[_U[dcgm.FB_FREE]]
             title = (
                 f"GPU {g.gpu}{' ⚠' if g.label in slow else ''} {fmt_percent(now[_U[dcgm.UTIL]])} · "
-                f"{_mib(now[_U[dcgm.FB_USED]])}/{_mib(total)} · {_num(now[_U[dcgm.POWER]], 'W')} · "
-                f"{_num(now[_U[dcgm.TEMP]], '°C')}"
+                f"{_mib(now[_U[dcgm.FB_USED]])}/{_mib(total)} · {fmt_watts(now[_U[dcgm.POWER]])} · "
+                f"{fmt_celsius(now[_U[dcgm.TEMP]])}"
             )
             series = [_series("util", x, v[:, _U[dcgm.UTIL]], PALETTE["accent"], fill=True)]
             for name, color in (
@@ -233,7 +242,7 @@ def _subtitle(snap: JobSnapshot, live: bool) -> str:
     return " · ".join(parts)
 
 
-def _totals(snap: JobSnapshot) -> list[tuple[str, str]]:
+def _totals(snap: JobSnapshot) -> KeyValues:
     items = [("watched", _seconds(max(snap.now - snap.started, 0.0)))]
     if not math.isnan(snap.energy_wh):
         items.append(("job energy", fmt_wh(snap.energy_wh)))
@@ -244,77 +253,127 @@ def _totals(snap: JobSnapshot) -> list[tuple[str, str]]:
                 f"{fmt_usd(snap.cost_usd)} ({len(snap.gpus)} GPUs × ${snap.price:g}/GPU-h)",
             )
         )
-    return items
+    return KeyValues(items, inline="")
 
 
-def _cell_rows(snap: JobSnapshot, cells: Sequence[CellRecord]) -> list[list[str]]:
+def _alerts(snap: JobSnapshot) -> list[Section]:
+    return [Paragraph(f"⚠ {a.message}", "box") for a in snap.alerts]
+
+
+def _notes(notes: Sequence[str]) -> list[Section]:
+    if not notes:
+        return []
+    lines = [Paragraph(n, "plain", prefix="note: ") for n in notes]
+    return [Details(f"{len(notes)} note(s)", lines, css="gm-note")]
+
+
+def _charts(snap: JobSnapshot, live: bool) -> Section:
+    """The charts (HTML only: the GPU table holds the text form's numbers)."""
+
+    def draw() -> str:
+        if not len(snap.times):
+            return '<div class="gm-note">no sample yet</div>'
+        if len(snap.gpus) <= CHARTS_UP_TO:
+            return _gpu_charts(snap, live)
+        return _compact(snap, live)
+
+    return only("html", Figure(draw))
+
+
+# -- tables --------------------------------------------------------------------------------
+def _gpu_rows(snap: JobSnapshot) -> list[dict[str, object]]:
+    latest = latest_values(snap)
+    slow = {a.device for a in snap.alerts if a.kind == "straggler"}
     rows = []
-    for cell in cells:
-        stats = cell_stats(snap, cell)
-        energy = math.nan if dcgm.ENERGY in snap.missing else cell.energy_mj / 3.6e6
+    for i, g in enumerate(snap.gpus):
+        now = latest[i]
         rows.append(
-            [
-                _cell_name(cell) + ("" if cell.end is not None else " running"),
-                cell.source,
-                _seconds(cell.duration(snap.now)),
-                fmt_percent(stats.mean_utilization),
-                fmt_percent(stats.min_gpu_utilization),
-                ", ".join(stats.stragglers) or "–",
-                fmt_wh(energy),
-                fmt_usd(cell_cost(snap, cell)),
-            ]
+            {
+                "node": g.host,
+                "gpu": g.gpu,
+                "model": g.model,
+                "util": now[_U[dcgm.UTIL]],
+                "straggler": g.label in slow,
+                "used": now[_U[dcgm.FB_USED]],
+                "total": now[_U[dcgm.FB_USED]] + now[_U[dcgm.FB_FREE]],
+                "power": now[_U[dcgm.POWER]],
+                "temp": now[_U[dcgm.TEMP]],
+                "sm": 100 * now[_U[dcgm.SM_ACTIVE]],
+                "tensor": 100 * now[_U[dcgm.TENSOR_ACTIVE]],
+            }
         )
     return rows
 
 
-_CELL_HEADERS = ["cell", "source", "time", "job util", "idlest GPU", "stragglers", "energy", "cost"]
+_GPU_COLUMNS = [
+    Column("node", "node", align="left"),
+    Column("gpu", "gpu", align="left"),
+    Column("model", "model", align="left"),
+    Column("util", lambda r: fmt_percent(r["util"]) + (" straggler" if r["straggler"] else "")),
+    Column("memory", lambda r: f"{_mib(r['used'])} / {_mib(r['total'])}"),
+    Column("power", "power", fmt_watts),
+    Column("temp", "temp", fmt_celsius),
+    Column("SM active", "sm", fmt_percent),
+    Column("tensor", "tensor", fmt_percent),
+]
 
 
-def _cells_html(snap: JobSnapshot, shown: int = CELLS_SHOWN) -> str:
+def _gpu_table(snap: JobSnapshot, shown: int = CHARTS_UP_TO) -> list[Section]:
+    rows = _gpu_rows(snap)
+    out: list[Section] = [
+        Table(_GPU_COLUMNS, rows[:shown], highlight=lambda r: "hot" if r["straggler"] else "")
+    ]
+    if len(rows) > shown:
+        out.append(Paragraph(f"... {len(rows) - shown} more GPUs (.gpus has them all)"))
+    return out
+
+
+def _cells(snap: JobSnapshot, shown: int = CELLS_SHOWN) -> list[Section]:
     cells = snap.cells[-shown:]
     if not cells:
-        return ""
-    body = [[escape(c) for c in row] for row in _cell_rows(snap, cells)]
-    return "<h4>Cells <span class='gm-sub'>job-wide</span></h4>" + table(
-        _CELL_HEADERS, body, left=[0, 1, 5]
-    )
-
-
-def _alerts_html(snap: JobSnapshot) -> str:
-    if not snap.alerts:
-        return ""
-    items = "".join(f"<div>⚠ {escape(a.message)}</div>" for a in snap.alerts)
-    return f'<div class="gm-box">{items}</div>'
-
-
-def _notes_html(notes: Sequence[str]) -> str:
-    if not notes:
-        return ""
-    items = "".join(f"<div>{escape(n)}</div>" for n in notes)
-    return f'<details class="gm-note"><summary>{len(notes)} note(s)</summary>{items}</details>'
-
-
-def _body(snap: JobSnapshot, title: str, live: bool) -> str:
-    head = f'<h4>{escape(title)} <span class="gm-sub">{escape(_subtitle(snap, live))}</span></h4>'
-    if not len(snap.times):
-        charts = '<div class="gm-note">no sample yet</div>'
-    elif len(snap.gpus) <= CHARTS_UP_TO:
-        charts = _gpu_charts(snap, live)
-    else:
-        charts = _compact(snap, live)
-    return (
-        head
-        + _alerts_html(snap)
-        + kv((k, escape(v)) for k, v in _totals(snap))
-        + charts
-        + _cells_html(snap)
-        + _notes_html(snap.notes)
-    )
+        return []
+    rows = []
+    for cell in cells:
+        stats = cell_stats(snap, cell)
+        rows.append(
+            {
+                "cell": _cell_name(cell) + ("" if cell.end is not None else " running"),
+                "source": cell.source,
+                "time": cell.duration(snap.now),
+                "util": stats.mean_utilization,
+                "idlest": stats.min_gpu_utilization,
+                "stragglers": ", ".join(stats.stragglers) or "–",
+                "energy": math.nan if dcgm.ENERGY in snap.missing else cell.energy_mj / 3.6e6,
+                "cost": cell_cost(snap, cell),
+            }
+        )
+    columns = [
+        Column("cell", "cell", align="left"),
+        Column("source", "source", align="code", html_chars=60),
+        Column("time", "time", fmt_seconds),
+        Column("job util", "util", fmt_percent),
+        Column("idlest GPU", "idlest", fmt_percent),
+        Column("stragglers", "stragglers", align="left"),
+        Column("energy", "energy", fmt_wh),
+        Column("cost", "cost", fmt_usd),
+    ]
+    return [Heading("Cells", "job-wide"), Table(columns, rows)]
 
 
 # -- public --------------------------------------------------------------------------------
+def live_report(snap: JobSnapshot) -> Report:
+    sections: list[Section] = [
+        *_alerts(snap),
+        _totals(snap),
+        _charts(snap, live=True),
+        *_cells(snap),
+        *_notes(snap.notes),
+    ]
+    return Report("watch-job", "gpuwatch · job", _subtitle(snap, live=True), sections)
+
+
 def live_html(snap: JobSnapshot) -> str:
-    return wrap("watch-job", _body(snap, "gpuwatch · job", live=True))
+    return live_report(snap).html()
 
 
 class JobLiveFrame:
@@ -334,101 +393,60 @@ class JobLiveFrame:
         return html
 
 
-def _gpu_text_rows(snap: JobSnapshot) -> list[list[str]]:
-    latest = latest_values(snap)
-    slow = {a.device for a in snap.alerts if a.kind == "straggler"}
-    rows = []
-    for i, g in enumerate(snap.gpus):
-        now = latest[i]
-        total = now[_U[dcgm.FB_USED]] + now[_U[dcgm.FB_FREE]]
-        rows.append(
-            [
-                g.host,
-                g.gpu,
-                g.model,
-                fmt_percent(now[_U[dcgm.UTIL]]) + (" straggler" if g.label in slow else ""),
-                f"{_mib(now[_U[dcgm.FB_USED]])} / {_mib(total)}",
-                _num(now[_U[dcgm.POWER]], "W"),
-                _num(now[_U[dcgm.TEMP]], "°C"),
-                fmt_percent(100 * now[_U[dcgm.SM_ACTIVE]]),
-                fmt_percent(100 * now[_U[dcgm.TENSOR_ACTIVE]]),
-            ]
-        )
-    return rows
-
-
-_GPU_HEADERS = ["node", "gpu", "model", "util", "memory", "power", "temp", "SM active", "tensor"]
-
-
-def _text(snap: JobSnapshot, title: str, gpus_shown: int) -> str:
-    lines = [f"{title}: {_subtitle(snap, live=False)}"]
-    lines += [f"  ⚠ {a.message}" for a in snap.alerts]
-    lines.append("  " + " · ".join(f"{k} {v}" for k, v in _totals(snap)))
-    rows = _gpu_text_rows(snap)
-    lines.append(text_table(_GPU_HEADERS, rows[:gpus_shown], left=[0, 1, 2]))
-    if len(rows) > gpus_shown:
-        lines.append(f"  ... {len(rows) - gpus_shown} more GPUs (.gpus has them all)")
-    cells = snap.cells[-CELLS_SHOWN:]
-    if cells:
-        lines.append("Cells (job-wide)")
-        lines.append(text_table(_CELL_HEADERS, _cell_rows(snap, cells), left=[0, 1, 5]))
-    lines += [f"  note: {n}" for n in snap.notes]
-    return "\n".join(lines)
+def status_report(status: JobStatus) -> Report:
+    snap = status.snapshot
+    sections: list[Section] = [
+        *_alerts(snap),
+        _totals(snap),
+        *_gpu_table(snap),
+        *_cells(snap),
+        *_notes(snap.notes),
+    ]
+    return Report("watch-job-status", "gpuwatch status · job", _subtitle(snap, False), sections)
 
 
 def status_text(status: JobStatus) -> str:
-    return _text(status.snapshot, "gpuwatch status · job", CHARTS_UP_TO)
+    return status_report(status).text()
 
 
 def status_html(status: JobStatus) -> str:
-    snap = status.snapshot
-    table_html = table(
-        _GPU_HEADERS, [[escape(c) for c in r] for r in _gpu_text_rows(snap)], left=[0, 1, 2]
-    )
-    body = (
-        f'<h4>gpuwatch status · job <span class="gm-sub">{escape(_subtitle(snap, False))}</span></h4>'
-        + _alerts_html(snap)
-        + kv((k, escape(v)) for k, v in _totals(snap))
-        + table_html
-        + _cells_html(snap)
-        + _notes_html(snap.notes)
-    )
-    return wrap("watch-job-status", body)
+    return status_report(status).html()
 
 
-def result_text(result: JobResult) -> str:
+def result_report(result: JobResult) -> Report:
     snap = result.snapshot
-    text = _text(snap, "gpuwatch summary · job", CHARTS_UP_TO)
     slow = result.stragglers
+    window: list[Section] = []
     if not slow.empty:
-        text += f"\nStragglers over the window ({_seconds(snap.window)}): " + ", ".join(
+        named = ", ".join(
             f"{r.Hostname} GPU {r.gpu} {fmt_percent(r.utilization)} (median {fmt_percent(r.job_median)})"
             for r in slow.itertuples()
         )
-    return text
+        window.append(
+            Paragraph(f"Stragglers over the window ({_seconds(snap.window)}): {named}", "box")
+        )
+    sections: list[Section] = [
+        *_alerts(snap),
+        *window,
+        _totals(snap),
+        _charts(snap, live=False),
+        *_gpu_table(snap),
+        *_cells(snap),
+        *_notes(snap.notes),
+        Paragraph(
+            ".series, .gpus, .cells, .stragglers, .xid_errors; the alerts on top are over the "
+            f"last {STRAGGLER_SPAN_S:.0f} s"
+        ),
+    ]
+    return Report("watch-job-summary", "gpuwatch summary · job", _subtitle(snap, False), sections)
+
+
+def result_text(result: JobResult) -> str:
+    return result_report(result).text()
 
 
 def result_html(result: JobResult) -> str:
-    snap = result.snapshot
-    body = _body(snap, "gpuwatch summary · job", live=False)
-    slow = result.stragglers
-    if not slow.empty:
-        body += (
-            f"<div class='gm-box'>Stragglers over the window ({escape(_seconds(snap.window))}): "
-            + escape(
-                ", ".join(
-                    f"{r.Hostname} GPU {r.gpu} {fmt_percent(r.utilization)} "
-                    f"(median {fmt_percent(r.job_median)})"
-                    for r in slow.itertuples()
-                )
-            )
-            + "</div>"
-        )
-    body += (
-        f"<div class='gm-note'>.series, .gpus, .cells, .stragglers, .xid_errors; stragglers "
-        f"in the header are over the last {STRAGGLER_SPAN_S:.0f} s</div>"
-    )
-    return wrap("watch-job-summary", body)
+    return result_report(result).html()
 
 
 class JobStoppedNote(Rendered):

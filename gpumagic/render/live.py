@@ -6,6 +6,10 @@ Shared by ``%%memtrace`` (statement running now + memory so far), ``%%gpuprofile
 at most once per ``interval`` seconds on its own thread and pushes the result only
 when it changed, so a live view never asks the device for anything.
 
+A measured run (``%%memtrace``, ``%%gpuprofile``) is shown through :class:`LiveResult`, the
+:class:`gpumagic.cell.Presenter` that opens the view once the run started and puts the
+result in its place when the run is over.
+
 Front ends: in a Jupyter kernel with ipywidgets, an ``ipywidgets.HTML`` (widget comm
 messages flow while the kernel is busy running the cell); in a kernel without
 ipywidgets, an output updated in place through a display handle; in a terminal,
@@ -20,9 +24,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 _MODES = ("widget", "display", "off")
+R = TypeVar("R")
 
 
 def detect_mode() -> str:
@@ -89,16 +94,20 @@ class LiveView:
         self._thread.start()
         return self
 
+    def stop(self) -> None:
+        """Stop the thread (no more frames; :attr:`pushes` is final); the slot stays."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self._thread = None
+
     def finish(self, final: Any = None, display_if_off: bool = False) -> None:
         """Stop the thread, then put ``final`` (an object with a mime bundle, or None) in the slot.
 
         ``display_if_off``: when there was no live slot (a terminal, ``mode="off"``), display
         ``final`` as an ordinary output instead, so a magic ends the same way in every front end.
         """
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
-        self._thread = None
+        self.stop()
         if self._handle is None:
             if display_if_off and final is not None:
                 from IPython.display import display
@@ -146,3 +155,28 @@ class LiveView:
             started = time.monotonic()
             self.refresh()
             self._stop.wait(max(self.interval - (time.monotonic() - started), 0.05))
+
+
+class LiveResult(Generic[R]):
+    """The front end of a measured run (:class:`gpumagic.cell.Presenter`): ``view`` while the
+    cell runs, then in its place what ``present(result)`` returns (an object with a mime
+    bundle; None shows nothing).
+
+    ``present`` runs once the view's thread has stopped, so it may read ``view.pushes``;
+    whatever it does, the view is finished (its thread is never left running).
+    """
+
+    def __init__(self, view: LiveView, present: Callable[[R | None], Any]) -> None:
+        self.view = view
+        self._present = present
+
+    def start(self) -> LiveView:
+        return self.view.start()
+
+    def show(self, result: R | None) -> None:
+        final = None
+        try:
+            self.view.stop()
+            final = self._present(result)
+        finally:
+            self.view.finish(final, display_if_off=True)

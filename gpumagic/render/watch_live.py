@@ -4,7 +4,7 @@ The sampler core publishes (``seq``, ``subscribe()``) and never draws (issue 8).
 is the other side: the view polls ``LiveFrame``, which rebuilds the frame only when ``seq``
 moved, and it subscribes to the watcher's stop to freeze the slot into a one-line note (the
 summary shows where ``stop`` was called). Only the glue imports this module; the core's
-results render through ``watch.py``, which stays free of IPython and widgets.
+results render through ``watch_status.py`` and ``watch_summary.py``, which stays free of IPython and widgets.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import time
 from typing import TYPE_CHECKING
 
 from gpumagic.render.live import LiveView
-from gpumagic.render.watch import LiveFrame, StoppedNote
+from gpumagic.render.watch_status import LiveFrame
+from gpumagic.render.watch_summary import StoppedNote
 
 if TYPE_CHECKING:
     from gpumagic.monitor.watcher import Watcher, WatchEvent

@@ -1,5 +1,8 @@
-"""Audit findings (issue 9) on the analysis side: tensor-core kernels (B2), autocast read from
-the trace (M10), the first marked step (M8), the new TF32 API in the live state (B1).
+"""Precision and steps on the analysis side (issue 9): which kernel names are tensor-core
+kernels (cuBLAS's fp32 ``..._ffma_...`` GEMMs on Ampere are not), autocast read from the trace,
+the TF32 API (``fp32_precision``, torch >= 2.9) the live state reports, the first marked step
+(first-call setup) left out; and the recorder's note on a CUDA recording that holds no GPU
+events.
 
 Traces the shared files do not contain (an FP32 FFMA cuBLAS kernel on an A100, a matmul under
 autocast on a GPU) are built here with a few events; the real traces check the kernel names
@@ -61,7 +64,7 @@ def _rules(result, live: LiveState | None = None) -> dict:
     return {f.rule: f for f in diagnose(result.primary, live)}
 
 
-# --- B2: FP32 FFMA/SIMT kernels are not tensor-core kernels -------------------------------
+# --- FP32 FFMA/SIMT kernels are not tensor-core kernels ------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -88,11 +91,11 @@ def _rules(result, live: LiveState | None = None) -> dict:
         ("volta_h884gemm_64x64_ldg8_nn", True),
     ],
 )
-def test_b2_kernel_names_say_tensor_cores_or_not(name, tensor_cores):
+def test_kernel_names_say_tensor_cores_or_not(name, tensor_cores):
     assert is_tensor_core_kernel(name) is tensor_cores
 
 
-def test_b2_fp32_ffma_cublas_kernel_fires_tensor_cores_and_tf32_does_not(tmp_path):
+def test_fp32_ffma_cublas_kernel_fires_tensor_cores_and_tf32_does_not(tmp_path):
     f = _rules(_matmul_trace(tmp_path, FFMA, tag="ffma"))["tensor_cores"]
     assert f.evidence["compute_capability"] == "8.0"
     assert f.evidence["without_tensor_cores_us_per_step"] == pytest.approx(800.0)
@@ -100,7 +103,7 @@ def test_b2_fp32_ffma_cublas_kernel_fires_tensor_cores_and_tf32_does_not(tmp_pat
     assert "tensor_cores" not in _rules(_matmul_trace(tmp_path, TF32, tag="tf32"))
 
 
-def test_b2_real_trace_kernel_names(load):
+def test_tensor_core_kernel_names_in_the_real_traces(load):
     """Every GEMM/conv kernel in the shared traces: tensor-core by name exactly where the name
     says TF32/tensorop, and never for sgemm/cudnn fp32 kernels."""
     seen = {}
@@ -122,13 +125,13 @@ def test_b2_real_trace_kernel_names(load):
     assert not seen.get("ampere_gcgemm_64x64_nt", False)
 
 
-# --- M10: autocast from the trace --------------------------------------------------------
+# --- autocast from the trace -------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     ("wrap", "annotation"), [("reenter", ""), ("cast", ""), ("", "autocast bf16")]
 )
-def test_m10_autocast_in_the_trace_silences_tensor_cores(tmp_path, wrap, annotation):
+def test_autocast_in_the_trace_silences_tensor_cores(tmp_path, wrap, annotation):
     # a non-tensor-core kernel under autocast misses tensor cores for another reason
     r = _matmul_trace(tmp_path, FFMA, wrap=wrap, annotation=annotation, tag=f"ac_{wrap}")
     marked = autocast_matmuls(r.primary)
@@ -137,7 +140,7 @@ def test_m10_autocast_in_the_trace_silences_tensor_cores(tmp_path, wrap, annotat
     assert "tensor_cores" not in _rules(r)
 
 
-def test_m10_without_autocast_in_the_trace_the_rule_fires_whatever_the_live_state_omits(tmp_path):
+def test_without_autocast_in_the_trace_the_rule_fires_whatever_the_live_state_omits(tmp_path):
     r = _matmul_trace(tmp_path, FFMA, tag="bare")
     assert not autocast_matmuls(r.primary).any()
     # a session that says nothing about autocast (what %%gpuprofile passes now) changes nothing
@@ -145,7 +148,7 @@ def test_m10_without_autocast_in_the_trace_the_rule_fires_whatever_the_live_stat
     assert "under_autocast_us_per_step" not in f.evidence
 
 
-def test_m10_bf16_kernels_under_autocast_are_tensor_core_kernels(tmp_path):
+def test_bf16_kernels_under_autocast_are_tensor_core_kernels(tmp_path):
     r = _matmul_trace(tmp_path, BF16, wrap="reenter", tag="bf16")
     assert autocast_matmuls(r.primary).any()
     assert "tensor_cores" not in _rules(r)
@@ -153,7 +156,7 @@ def test_m10_bf16_kernels_under_autocast_are_tensor_core_kernels(tmp_path):
     assert "tensor_cores" not in _rules(_matmul_trace(tmp_path, BF16, tag="bf16_bare"))
 
 
-def test_m10_backward_casts_are_not_autocast(load):
+def test_backward_casts_are_not_autocast(load):
     # aten::convolution_backward casts with aten::to in this fp32 run: not autocast's wrapper
     r = load("v100_training_5steps.json.gz")
     host = r.primary.trace.host
@@ -162,10 +165,10 @@ def test_m10_backward_casts_are_not_autocast(load):
     assert "tensor_cores" in {f.rule for f in r.findings}
 
 
-# --- B1: the new TF32 API in the live state -----------------------------------------------
+# --- the new TF32 API (fp32_precision) in the live state ----------------------------------
 
 
-def test_b1_tensor_cores_reads_the_new_fp32_precision_api(tmp_path):
+def test_tensor_cores_reads_the_new_fp32_precision_api(tmp_path):
     r = _matmul_trace(tmp_path, FFMA, tag="live")
     ieee = _rules(r, LiveState(matmul_fp32_precision="ieee", conv_fp32_precision="none"))
     f = ieee["tensor_cores"]
@@ -181,7 +184,7 @@ def test_b1_tensor_cores_reads_the_new_fp32_precision_api(tmp_path):
     assert "already allowed" in on.snippet and "autocast" in on.fix
 
 
-def test_b1_live_state_prefers_the_new_api():
+def test_live_state_prefers_the_new_api():
     assert LiveState(matmul_fp32_precision="tf32", matmul_allow_tf32=None).tf32_matmul is True
     assert LiveState(matmul_fp32_precision="ieee", matmul_allow_tf32=True).tf32_matmul is False
     # "none" inherits: the legacy flags decide
@@ -189,7 +192,7 @@ def test_b1_live_state_prefers_the_new_api():
     assert LiveState(matmul_fp32_precision="none").new_precision_api is False
 
 
-# --- M8: the first marked step -------------------------------------------------------------
+# --- the first marked step (first-call setup) ----------------------------------------------
 
 
 def _steps_trace(tmp_path, steps: int):
@@ -203,7 +206,7 @@ def _steps_trace(tmp_path, steps: int):
     return b.write(tmp_path / f"steps{steps}.json")
 
 
-def test_m8_first_marked_step_left_out_when_asked(tmp_path):
+def test_first_marked_step_left_out_when_asked(tmp_path):
     path = _steps_trace(tmp_path, 4)
     kept = load_trace(path)
     assert kept.summary["steps"] == 4 and kept.summary["first_step_left_out"] is False
@@ -221,12 +224,12 @@ def test_m8_first_marked_step_left_out_when_asked(tmp_path):
     assert "3 of 4" in skipped.to_html()
 
 
-def test_m8_an_only_step_is_kept(tmp_path):
+def test_an_only_step_is_kept(tmp_path):
     r = load_trace(_steps_trace(tmp_path, 1), skip_first=True)
     assert r.summary["steps"] == 1 and r.summary["first_step_left_out"] is False
 
 
-# --- M7: a CUDA recording whose trace holds no GPU events -----------------------------------
+# --- a CUDA recording whose trace holds no GPU events (CUPTI busy or unavailable) ----------
 
 
 def _host_only_trace(tmp_path, runtime: list[str]):
@@ -258,7 +261,7 @@ def cuda_recorder():
     rec.cleanup()
 
 
-def test_m7_launches_without_gpu_events_are_noted(tmp_path, cuda_recorder):
+def test_launches_without_gpu_events_are_noted(tmp_path, cuda_recorder):
     trace = _host_only_trace(
         tmp_path, ["cudaLaunchKernel", "cudaMemcpyAsync", "cudaDeviceSynchronize"]
     )
@@ -268,7 +271,7 @@ def test_m7_launches_without_gpu_events_are_noted(tmp_path, cuda_recorder):
     assert "CUPTI may be busy or unavailable" in note
 
 
-def test_m7_a_sync_alone_or_no_cuda_recording_is_not_noted(tmp_path, cuda_recorder):
+def test_a_sync_alone_or_no_cuda_recording_is_not_noted(tmp_path, cuda_recorder):
     # torch's own stop() calls cudaDeviceSynchronize; a CPU cell on a GPU box shows only that
     trace = _host_only_trace(tmp_path, ["cudaDeviceSynchronize"])
     assert cuda_recorder.notes(trace, 0) == []

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from profile_helpers import ALL_TRACES, TraceBuilder, trace_path
 
-from gpumagic.profile.analysis import comms
+from gpumagic.profile.analysis import collectives
 from gpumagic.profile.load import load_trace
 from gpumagic.profile.rules.registry import diagnose
 from gpumagic.profile.trace.session import DdpState, LiveState
@@ -127,28 +127,28 @@ def test_record_param_comms_gives_bytes_and_group_size(load):
 
 
 def test_names_bus_factors_and_dtypes():
-    assert comms.canonical_name("nccl:_all_gather_base") == "all_gather"
-    assert comms.canonical_name("c10d::allreduce_") == "all_reduce"
-    assert comms.canonical_name("c10d::alltoall_base_") == "all_to_all"
-    assert comms.canonical_name("reduce_scatter_tensor_coalesced") == "reduce_scatter"
-    assert comms.canonical_name("nccl:send 0->1") == "send"
-    assert comms.canonical_name("gloo:broadcast") == "broadcast"
-    assert comms.kernel_collective("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)") == (
+    assert collectives.canonical_name("nccl:_all_gather_base") == "all_gather"
+    assert collectives.canonical_name("c10d::allreduce_") == "all_reduce"
+    assert collectives.canonical_name("c10d::alltoall_base_") == "all_to_all"
+    assert collectives.canonical_name("reduce_scatter_tensor_coalesced") == "reduce_scatter"
+    assert collectives.canonical_name("nccl:send 0->1") == "send"
+    assert collectives.canonical_name("gloo:broadcast") == "broadcast"
+    assert collectives.kernel_collective("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)") == (
         "all_reduce"
     )
-    assert comms.kernel_collective("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)") == (
+    assert collectives.kernel_collective("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)") == (
         "send/recv"
     )
-    assert comms.is_comm_kernel("ncclSymDevKernel_AllReduce_LL_sum_bf16")
-    assert not comms.is_comm_kernel("void at::native::vectorized_elementwise_kernel<4>")
+    assert collectives.is_comm_kernel("ncclSymDevKernel_AllReduce_LL_sum_bf16")
+    assert not collectives.is_comm_kernel("void at::native::vectorized_elementwise_kernel<4>")
     # nccl-tests doc/PERFORMANCE.md
-    assert comms.bus_factor("all_reduce", 8) == pytest.approx(2 * 7 / 8)
-    assert comms.bus_factor("all_gather", 8) == comms.bus_factor("reduce_scatter", 8) == 7 / 8
-    assert comms.bus_factor("all_to_all", 8) == 7 / 8
-    assert comms.bus_factor("broadcast", 8) == comms.bus_factor("reduce", 8) == 1.0
-    assert math.isnan(comms.bus_factor("all_reduce", math.nan))
-    assert comms.dtype_bytes("BFloat16") == comms.dtype_bytes("c10::Half") == 2
-    assert comms.dtype_bytes("long int") == 8
+    assert collectives.bus_factor("all_reduce", 8) == pytest.approx(2 * 7 / 8)
+    assert collectives.bus_factor("all_gather", 8) == collectives.bus_factor("reduce_scatter", 8) == 7 / 8
+    assert collectives.bus_factor("all_to_all", 8) == 7 / 8
+    assert collectives.bus_factor("broadcast", 8) == collectives.bus_factor("reduce", 8) == 1.0
+    assert math.isnan(collectives.bus_factor("all_reduce", math.nan))
+    assert collectives.dtype_bytes("BFloat16") == collectives.dtype_bytes("c10::Half") == 2
+    assert collectives.dtype_bytes("long int") == 8
 
 
 def _nccl_rank(

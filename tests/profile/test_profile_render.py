@@ -139,3 +139,21 @@ def test_lazy_public_names_and_cheap_import():
         "from gpumagic.profile.compare import compare; assert gpumagic.compare is compare"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_report_keeps_its_meaning_without_the_style_block(load):
+    """Untrusted notebooks, GitHub and nbviewer drop <style>: alignment, swatches, the
+    findings' severity edges and the slowest rank's row must be in style= attributes."""
+    r = load("two_ranks")
+    page = re.sub(r"<style>.*?</style>", "", r.to_html(), flags=re.S)
+    cells = re.findall(r"<t[hd][ >][^>]*>", page)
+    assert cells and all("text-align:" in c for c in cells)
+    assert re.search(r'<tr class="gm-hot" style="background:[^"]+">', page)  # the slowest rank
+    assert '<span style="color:#3b7dd8">■</span> Kernel' in page  # breakdown table's swatch
+    boxes = re.findall(r'<div class="gm-box gm-finding"[^>]*>', page)
+    assert len(boxes) == len(r.findings) > 0
+    assert all("border-left:3px solid #" in box for box in boxes)
+    # the operator and kernel tables are one declaration: the same rows in both forms
+    text = r.to_text(rows=5)
+    top = r.kernels["name"].iloc[0]
+    assert top[:40] in text and html.escape(top[:40]) in page

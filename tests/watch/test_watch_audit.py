@@ -107,7 +107,7 @@ def test_m4_mig_instance_in_visible_devices_is_watched_as_itself(
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", MIG_A)
     w = Watcher(cells=False)
     assert w.reason is None
-    (device,) = [d for d in w.devices if d.kind == "gpu"]
+    (device,) = [d for d in w.devices if d.kind == "cuda"]
     assert (device.key, device.label, device.name, device.uuid) == (
         "cuda:0",
         "cuda:0 (GPU 0 MIG 0)",
@@ -132,7 +132,7 @@ def test_m4_mig_instance_in_visible_devices_is_watched_as_itself(
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", MIG_B[:12])
     w = Watcher(cells=False)
     w.sample_now()
-    assert [d.mig_index for d in w.devices if d.kind == "gpu"] == [2]
+    assert [d.mig_index for d in w.devices if d.kind == "cuda"] == [2]
     assert [(a.kind, a.device) for a in w.status().alerts] == [("memory", "cuda:0")]
 
 
@@ -142,7 +142,7 @@ def test_m4_mig_mode_without_visible_devices_watches_each_instance_not_the_board
     fake = fake_nvml([mig_board(), gpu("NVIDIA H100 80GB HBM3", "GPU-bbbb")])
     monkeypatch.setattr("gpumagic.monitor.nvml.torch_visible_uuids", lambda: None)
     w = Watcher(cells=False)
-    gpus = [d for d in w.devices if d.kind == "gpu"]
+    gpus = [d for d in w.devices if d.kind == "cuda"]
     assert [(d.key, d.nvml_index, d.mig_index) for d in gpus] == [
         ("cuda:0", 0, 0),
         ("cuda:1", 0, 2),
@@ -164,7 +164,7 @@ def test_m4_torch_uuid_of_a_mig_instance_maps_to_it(
         "gpumagic.monitor.nvml.torch_visible_uuids", lambda: ["GPU-" + MIG_B.removeprefix("MIG-")]
     )
     w = Watcher(cells=False)
-    assert [(d.key, d.mig_index) for d in w.devices if d.kind == "gpu"] == [("cuda:0", 2)]
+    assert [(d.key, d.mig_index) for d in w.devices if d.kind == "cuda"] == [("cuda:0", 2)]
 
 
 def test_m4_a_mig_entry_nvml_does_not_list_is_not_called_hiding(

@@ -29,7 +29,7 @@ pytestmark = [
 
 
 def _watched_gpus(w: Any) -> int:
-    return sum(d.kind == "gpu" for d in w.devices)
+    return sum(d.kind == "cuda" for d in w.devices)
 
 
 def test_t3_t4_real_samples() -> None:
@@ -156,7 +156,7 @@ def _devices_in_subprocess(env_value: str | None) -> dict[str, Any]:
         "import json; from gpumagic.monitor import Watcher\n"
         "w = Watcher(cells=False)\n"
         "print(json.dumps({'reason': w.reason, 'notes': w.notes(), 'gpus': "
-        "[[d.cuda_index, d.nvml_index, d.uuid] for d in w.devices if d.kind == 'gpu']}))"
+        "[[d.cuda_index, d.nvml_index, d.uuid] for d in w.devices if d.kind == 'cuda']}))"
     )
     env = _subprocess_env(env_value)
     out = subprocess.run(

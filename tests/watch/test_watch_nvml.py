@@ -244,7 +244,7 @@ def test_visible_devices_mapping_shows_both_indexes(
     fake_nvml(four_gpus())
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
     w = Watcher(cells=False)
-    gpus = [d for d in w.devices if d.kind == "gpu"]
+    gpus = [d for d in w.devices if d.kind == "cuda"]
     assert [(d.cuda_index, d.nvml_index, d.name) for d in gpus] == [
         (0, 2, "Fake 2"),
         (1, 0, "Fake 0"),
@@ -254,7 +254,7 @@ def test_visible_devices_mapping_shows_both_indexes(
     frame = w.result().samples
     assert list(frame["index"][:2]) == [2, 0] and list(frame["cuda_index"][:2]) == [0, 1]
     only = Watcher(gpus=[1], cells=False)
-    assert [(d.cuda_index, d.nvml_index) for d in only.devices if d.kind == "gpu"] == [(1, 0)]
+    assert [(d.cuda_index, d.nvml_index) for d in only.devices if d.kind == "cuda"] == [(1, 0)]
     with pytest.raises(
         ValueError,
         match=r"unknown GPU index 3: available CUDA indexes are 0 \(Fake 2\), 1 \(Fake 0\)",
@@ -269,7 +269,7 @@ def test_visible_devices_hiding_everything(fake_nvml: Any, monkeypatch: pytest.M
     assert w.reason is not None and "hides every GPU" in w.reason
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,7")
     w = Watcher(cells=False)
-    assert [d.nvml_index for d in w.devices if d.kind == "gpu"] == [1]
+    assert [d.nvml_index for d in w.devices if d.kind == "cuda"] == [1]
     assert any("'7'" in n for n in w.notes())
 
 
@@ -282,7 +282,7 @@ def test_torch_device_order_wins_when_cuda_is_initialised(
         "gpumagic.monitor.nvml.torch_visible_uuids", lambda: ["GPU-dddd4444", "GPU-bbbb2222"]
     )
     w = Watcher(cells=False)
-    assert [(d.cuda_index, d.nvml_index) for d in w.devices if d.kind == "gpu"] == [(0, 3), (1, 1)]
+    assert [(d.cuda_index, d.nvml_index) for d in w.devices if d.kind == "cuda"] == [(0, 3), (1, 1)]
 
 
 def test_process_memory_in_a_pid_namespace_is_unknown(

@@ -27,6 +27,7 @@ from prometheus_fixtures import (
 )
 from watch_nvml_double import MIB, gpu
 
+from gpumagic.device_kinds import CUDA
 from gpumagic.monitor import (
     JobResult,
     JobStatus,
@@ -251,7 +252,7 @@ def test_a_host_only_endpoint_has_no_dcgm_series():
     server = serve_metrics(0)  # no watcher runs: it starts one, and stops it with itself
     try:
         w = server.watcher
-        assert w.running and not any(d.kind == "gpu" for d in w.devices)
+        assert w.running and not any(d.kind == CUDA for d in w.devices)
         with urllib.request.urlopen(server.url, timeout=5) as r:
             families = {f.name: f for f in text_string_to_metric_families(r.read().decode())}
         assert not [n for n in families if n.startswith("DCGM")]

@@ -11,8 +11,8 @@ import pytest
 from watch_nvml_double import MIB, gpu
 
 from gpumagic.monitor import Watcher, watch
-from gpumagic.render.watch import LiveFrame, live_html
 from gpumagic.render.watch_live import start_live_view
+from gpumagic.render.watch_status import LiveFrame, live_html
 
 
 @pytest.fixture

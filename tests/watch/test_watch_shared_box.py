@@ -21,9 +21,9 @@ from gpumagic.monitor import Watcher, watch
 from gpumagic.monitor import choose as choose_mod
 from gpumagic.monitor import metrics as M
 from gpumagic.monitor.cells import CellMarks
-from gpumagic.monitor.choose import parse_size, select_gpus
-from gpumagic.monitor.cost import CostMeter, parse_duration
-from gpumagic.monitor.devices import Device
+from gpumagic.monitor.choose import select_gpus
+from gpumagic.monitor.cost import CostMeter
+from gpumagic.monitor.devices import WatchedDevice
 from gpumagic.monitor.processes import NOT_IN_NAMESPACE
 
 GIB = 1024**3
@@ -221,7 +221,7 @@ def test_no_idle_alert_when_this_kernel_holds_no_gpu_memory(fake_nvml: Any) -> N
 
 
 def test_a_failing_on_idle_callback_becomes_a_note() -> None:
-    devices = (Device("host", "h"),)
+    devices = (WatchedDevice("host", "h"),)
 
     def boom(alert: Any) -> None:
         raise RuntimeError("pager down")
@@ -350,34 +350,6 @@ def test_select_without_nvml_is_a_value_error(fake_nvml: Any, clean_choice: None
     with pytest.raises(ValueError, match="no NVIDIA GPU to choose from: NVML unavailable"):
         select_gpus()
     assert "CUDA_VISIBLE_DEVICES" not in os.environ
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [("8GiB", 8 * GIB), ("8G", 8 * GIB), ("8 GB", 8 * 10**9), ("500MiB", 500 * MIB), ("1.5g", int(1.5 * GIB)), ("1024", 1024), (2048, 2048)],
-)
-def test_parse_size(text: Any, expected: int) -> None:
-    assert parse_size(text) == expected
-
-
-@pytest.mark.parametrize("text", ["", "8XB", "GiB", "-1G", "8 Gi", "ib", True])
-def test_parse_size_rejects(text: Any) -> None:
-    with pytest.raises(ValueError):
-        parse_size(text)
-
-
-@pytest.mark.parametrize(
-    ("text", "seconds"),
-    [("30m", 1800), ("2h", 7200), ("1h30m", 5400), ("90s", 90), ("45", 45), ("0.5", 0.5), (" 2 h ", 7200), (1.5, 1.5)],
-)
-def test_parse_duration(text: Any, seconds: float) -> None:
-    assert parse_duration(text) == seconds
-
-
-@pytest.mark.parametrize("text", ["", "soon", "0", "-5m", "5x", "m", "1h30", "30m30m", "nan", "inf", True, 0])
-def test_parse_duration_is_strict(text: Any) -> None:
-    with pytest.raises(ValueError, match="duration"):
-        parse_duration(text)
 
 
 def test_on_a_mig_instance_processes_are_its_own_and_energy_is_not_claimed(

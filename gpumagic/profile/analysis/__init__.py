@@ -4,7 +4,9 @@
 * :mod:`.steps` - which spans are the training steps;
 * :mod:`.breakdown` - the step time split into categories (kernel, memcpy, ..., idle);
 * :mod:`.idle` - GPU idle gaps and what the host was doing during them;
-* :mod:`.comms` - communication kernels and spans, overlap, collectives;
+* :mod:`.comms` - communication kernels and spans, their overlap with computation;
+* :mod:`.collectives` - the collective calls: which, how big, in which group, bandwidth;
+* :mod:`.precision` - tensor-core kernels and matmuls under autocast, read from the trace;
 * :mod:`.lines`, :mod:`.modules` - time per statement of the cell and per ``nn.Module``;
 * :mod:`.where` - the line and module where a finding's evidence sits;
 * :mod:`.intervals`, :mod:`.tree` - interval arithmetic and call-tree helpers they share.

@@ -139,15 +139,14 @@ class ModuleAttribution:
         # backward: the runtime call's op descends from a backward node
         nodes, node_span = self._backward
         if len(nodes):
-            host_par, rt_par = self.a.parents
+            host_par, _ = self.a.parents
             node_of = np.full(len(host_par), -1, np.int64)
             node_of[nodes] = np.arange(len(nodes))
-            owner = _owner(host_par, node_of)
-            op = np.full(len(gpu_launch), -1, np.int64)
-            op[ok] = rt_par[gpu_launch[ok]]
+            op = self.a.launch_op
             has = (span < 0) & (op >= 0)
+            near = tree.nearest_flagged(host_par, node_of >= 0, op[has])
             n = np.full(len(gpu_launch), -1, np.int64)
-            n[has] = owner[op[has]]
+            n[has] = np.where(near >= 0, node_of[near], -1)
             back = n >= 0
             span[back] = node_span[n[back]]
         good = span >= 0
@@ -228,20 +227,6 @@ class ModuleAttribution:
             parts.append(labels[row])
             row = int(parent_row[row])
         return ".".join(reversed(parts))
-
-
-def _owner(parent: np.ndarray, node_of: np.ndarray) -> np.ndarray:
-    """Per host event, the index (into the node list) of the node it is or descends from."""
-    out = node_of.copy()
-    anc = parent.copy()
-    todo = np.flatnonzero((out < 0) & (anc >= 0))
-    while len(todo):
-        a = anc[todo]
-        found = node_of[a]
-        out[todo] = np.where(found >= 0, found, out[todo])
-        anc[todo] = parent[a]
-        todo = todo[(out[todo] < 0) & (anc[todo] >= 0)]
-    return out
 
 
 def module_attribution(analysis: Analysis) -> ModuleAttribution:

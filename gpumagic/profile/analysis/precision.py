@@ -17,12 +17,14 @@ MATMUL_OP = re.compile(
 )
 
 
+# Tensor-core GEMM/conv kernels name an MMA instruction shape (volta_h884gemm,
 # ampere_fp16_s16816gemm, cutlass_80_tensorop_s1688gemm), a tensor-core input type
 # (sm80_xmma_gemm_f32f32_tf32f32_..._tensor16x8x8, sm90_xmma_..._bf16bf16_..., e4m3/e5m2 FP8)
 # or a tensor-core family (tensorop, hmma/imma/wmma, Hopper's nvjet_*). A bare "xmma" is
 # only NVIDIA's template library: full-FP32 cuBLAS GEMMs on Ampere/Hopper run as
-# sm80_xmma_gemm_f32f32_f32f32_f32_..._ffma_... (plain FMA on the CUDA cores), so "ffma",
-# "simt" and "sgemm" are evidence against, and win (audit B2).
+# sm80_xmma_gemm_f32f32_f32f32_f32_..._ffma_... (plain FMA on the CUDA cores: what an fp32
+# matmul with TF32 off runs on an A100), so "ffma", "simt" and "sgemm" are evidence
+# against, and win.
 _TENSOR_CORE_EVIDENCE = re.compile(
     r"[hsci](884|1688|16816|8816)|hmma|imma|wmma|tensorop|tensor\d+x\d+|tf32|bf16|fp16|f16|e4m3|e5m2"
     r"|nvjet|_tc_",
@@ -55,7 +57,7 @@ def autocast_matmuls(a: Analysis) -> np.ndarray:
     what nests in them or in an annotation or op named after autocast.
 
     Read from the trace, never from the cell's text (a comment, ``autocast('cpu')`` around
-    CUDA work or ``enabled=False`` say nothing; audit M10). Autocast's wrapper shows as the
+    CUDA work or ``enabled=False`` say nothing). Autocast's wrapper shows as the
     op calling itself after casting its inputs: ``aten::linear`` > ``aten::to`` (x3) >
     ``aten::linear`` > ``aten::addmm``; without autocast a forward op never re-enters
     itself. With recorded shapes a cast to a 16-bit type directly inside the op says the

@@ -89,7 +89,7 @@ def find_steps(
     cell's tail (code after the loop), not a step. ``skip_first=True`` leaves the first
     ``ProfilerStep`` out when others remain: a cell profiled from its first iteration pays
     first-call costs there (cuBLAS/cuDNN handles and workspaces, lazy loading of CUDA modules,
-    autotuning, DataLoader start-up) that no later step repeats (audit M8).
+    autotuning, DataLoader start-up) that no later step repeats.
     """
     host = trace.host
     names = host.name

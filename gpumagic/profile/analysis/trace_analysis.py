@@ -184,6 +184,16 @@ class Analysis:
         out[ok] = self.trace.runtime.ts[self.launch_runtime[ok]]
         return out
 
+    @cached_property
+    def launch_op(self) -> np.ndarray:
+        """Per GPU event, the host operator its launching runtime call ran inside (-1: not
+        linked to a launch, or launched outside any operator)."""
+        _, rt_par = self.parents
+        out = np.full(len(self.launch_runtime), -1, np.int64)
+        ok = self.launch_runtime >= 0
+        out[ok] = rt_par[self.launch_runtime[ok]]
+        return out
+
     # --- host-side structure ---------------------------------------------------------
 
     @cached_property
@@ -306,15 +316,11 @@ class Analysis:
         """(self, total) µs of device work launched by each host event."""
         host, gpu = self.trace.host, self.trace.gpu
         n = len(host.ts)
-        host_par, rt_par = self.parents
-        linked = np.flatnonzero(self.launch_runtime >= 0)
-        op = rt_par[self.launch_runtime[linked]]
-        dur = (gpu.end - gpu.ts)[linked]
-        has_op = op >= 0
-        self_us = (
-            np.bincount(op[has_op], weights=dur[has_op], minlength=n)[:n] if n else np.zeros(0)
-        )
-        total_us = tree.add_to_ancestors(host_par, op[has_op], dur[has_op], n)
+        host_par, _ = self.parents
+        rows = np.flatnonzero(self.launch_op >= 0)
+        op, dur = self.launch_op[rows], (gpu.end - gpu.ts)[rows]
+        self_us = np.bincount(op, weights=dur, minlength=n)[:n] if n else np.zeros(0)
+        total_us = tree.add_to_ancestors(host_par, op, dur, n)
         return self_us, total_us
 
     @cached_property

@@ -82,3 +82,31 @@ def any_ancestor(parent: np.ndarray, flag: np.ndarray) -> np.ndarray:
         idx = np.flatnonzero(live)
         out[idx] |= flag[anc[idx]]
         anc[idx] = parent[anc[idx]]
+
+
+def ancestors_of(parent: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Mask of the strict ancestors of ``rows``."""
+    out = np.zeros(len(parent), bool)
+    cur = parent[rows]
+    while len(cur):
+        cur = cur[cur >= 0]
+        cur = cur[~out[cur]]  # an ancestor already marked has its own marked above it
+        out[cur] = True
+        cur = parent[cur]
+    return out
+
+
+def nearest_flagged(parent: np.ndarray, flag: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """For each of ``rows``, itself if flagged, else its nearest flagged ancestor (-1: none)."""
+    out = np.full(len(rows), -1, np.int64)
+    cur = rows.astype(np.int64).copy()
+    pending = np.arange(len(rows))
+    while len(pending):
+        c = cur[pending]
+        live = c >= 0
+        pending, c = pending[live], c[live]
+        hit = flag[c]
+        out[pending[hit]] = c[hit]
+        pending = pending[~hit]
+        cur[pending] = parent[c[~hit]]
+    return out

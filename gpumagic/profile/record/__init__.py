@@ -5,7 +5,10 @@
 * :mod:`.probe` - one profiler range per statement of the cell and the module hooks
   (:class:`CodeProbe`), so time can be charged to lines and ``nn.Module`` instances;
 * :mod:`.session` - the session facts read off the namespace (:func:`capture_live_state`);
-* :mod:`.finish` - the ending of a run: stop, read the session, analyse (:func:`finish`).
+* :mod:`.finish` - the ending of a run: read the session, analyse (:func:`finish`);
+* :mod:`.run` - one profiled cell through :func:`gpumagic.cell.run_measured`
+  (:class:`ProfileRun`): recorder, probe, ending, and the live view's data
+  (:class:`ProfileStatus`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ _LAZY = {
     "capture_live_state": ("gpumagic.profile.record.session", "capture_live_state"),
     "Finished": ("gpumagic.profile.record.finish", "Finished"),
     "finish": ("gpumagic.profile.record.finish", "finish"),
+    "ProfileRun": ("gpumagic.profile.record.run", "ProfileRun"),
+    "ProfileStatus": ("gpumagic.profile.record.run", "ProfileStatus"),
 }
 
 __all__ = list(_LAZY)

@@ -1,10 +1,11 @@
-"""After a profiled cell ran: stop the recorder, read the session, analyse the trace.
+"""After a profiled cell ran and the recorder stopped: read the session, analyse the trace.
 
 This is the core half of ``%%gpuprofile``'s ending (the magic only shows what comes out).
 Each step that can fail once the cell has run is caught on its own and said, so what can
-be kept is kept (audit B1, M9): a profile without the session's settings, a trace whose
-analysis failed (left on disk, its path in the problem), the stop of a profiler that
-raised. Nothing here may hide the cell's own outcome.
+be kept is kept: a profile without the session's settings (reading a torch flag can raise,
+see :mod:`.session`), a trace whose analysis failed (left on disk, its path in the
+problem), the stop of a profiler that raised (:class:`~.run.ProfileRun` says that one).
+Nothing here may hide the cell's own outcome.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpumagic.interrupts import interruptible
 from gpumagic.profile import load
 from gpumagic.profile.record import session as live
 from gpumagic.profile.record.recorder import RecordError
@@ -23,6 +25,8 @@ if TYPE_CHECKING:
     from gpumagic.profile.record.probe import CodeProbe
     from gpumagic.profile.record.recorder import Recorder
     from gpumagic.profile.result import ProfileResult
+    from gpumagic.profile.trace.session import LiveState
+    from gpumagic.profile.trace.spans import CodeLabels
 
 
 def reason(exc: BaseException) -> str:
@@ -33,16 +37,18 @@ def reason(exc: BaseException) -> str:
 @dataclass
 class Finished:
     """What a profiled cell left: the result (None when nothing could be analysed), the
-    problems met on the way, and whether the analysis completed (a partial result is kept
-    for the user, but not shown as a report)."""
+    problems met on the way, whether the analysis completed (a partial result is kept
+    for the user, but not shown as a report), and the cell's own error."""
 
     result: ProfileResult | None = None
     problems: list[str] = field(default_factory=list)
     analysed: bool = False
+    cell_error: str = ""  # "ValueError: ..." when the cell failed ("" when it completed)
 
 
 def finish(
     recorder: Recorder,
+    trace: Path,
     namespace: Mapping[str, Any],
     probe: CodeProbe | None = None,
     *,
@@ -50,16 +56,13 @@ def finish(
     trace_path: str | None = None,
     keep_first: bool = False,
 ) -> Finished:
-    """Stop ``recorder`` and analyse its trace with the session facts of ``namespace`` and
-    the cell's statement and module labels from ``probe``; the result is called ``name``.
-    ``trace_path``: also save the trace there (``--trace``). Never raises for a failure
-    after the cell ran: it is a problem line of the returned :class:`Finished`."""
+    """Analyse ``trace``, what the stopped ``recorder`` wrote, with the session facts of
+    ``namespace`` and the cell's statement and module labels from ``probe``; the result is
+    called ``name``. ``trace_path``: also save the trace there (``--trace``). Never raises
+    for a failure after the cell ran: it is a problem line of the returned
+    :class:`Finished`. The analysis may be interrupted (Ctrl-C,
+    :func:`gpumagic.cell.interruptible`): it holds nothing the recorder does not release."""
     out = Finished()
-    try:
-        trace = recorder.stop()
-    except Exception as exc:  # RecordError, or what torch raised stopping (audit M9)
-        out.problems.append(reason(exc))
-        return out
     state = None
     try:
         state = live.capture_live_state(namespace)
@@ -81,24 +84,8 @@ def finish(
         except Exception as exc:
             out.problems.append(f"the trace could not be written to {trace_path} ({reason(exc)})")
     try:
-        # Without a schedule the first marked step holds the first-call setup (audit M8).
-        skip_first = recorder.marked_steps and not recorder.options.scheduled and not keep_first
-        out.result = load.load_trace(
-            trace,
-            state,
-            step_marks=recorder.marked_steps,
-            mark_limit=recorder.mark_limit,
-            skip_first=skip_first,
-            labels=labels,
-        )
-        out.result.name = name
-        st = out.result.primary.steps
-        in_trace = len(st) + int(st.first_left_out) + st.dropped
-        out.result.notes = recorder.notes(
-            out.result.primary.trace, in_trace if st.source == "ProfilerStep" else 0
-        ) + (probe.notes if probe is not None else [])
-        # analyse now, so a failure is told here and not by a traceback in the report
-        _ = out.result.summary, out.result.findings
+        with interruptible():
+            _analyse(out, recorder, trace, state, probe, labels, name, keep_first)
     except Exception as exc:
         try:
             kept = (
@@ -114,3 +101,34 @@ def finish(
         return out
     out.analysed = True
     return out
+
+
+def _analyse(
+    out: Finished,
+    recorder: Recorder,
+    trace: Path,
+    state: LiveState | None,
+    probe: CodeProbe | None,
+    labels: CodeLabels | None,
+    name: str,
+    keep_first: bool,
+) -> None:
+    # Without a schedule the first marked step holds the first-call setup (cuBLAS/cuDNN
+    # handles, lazy CUDA module loading, autotuning), which no later step repeats.
+    skip_first = recorder.marked_steps and not recorder.options.scheduled and not keep_first
+    out.result = load.load_trace(
+        trace,
+        state,
+        step_marks=recorder.marked_steps,
+        mark_limit=recorder.mark_limit,
+        skip_first=skip_first,
+        labels=labels,
+    )
+    out.result.name = name
+    st = out.result.primary.steps
+    in_trace = len(st) + int(st.first_left_out) + st.dropped
+    out.result.notes = recorder.notes(
+        out.result.primary.trace, in_trace if st.source == "ProfilerStep" else 0
+    ) + (probe.notes if probe is not None else [])
+    # analyse now, so a failure is told here and not by a traceback in the report
+    _ = out.result.summary, out.result.findings

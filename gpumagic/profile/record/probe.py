@@ -232,10 +232,9 @@ class _ModuleRanges:
             register_module_forward_pre_hook,
         )
 
-        self._handles = [
-            register_module_forward_pre_hook(self._pre),
-            register_module_forward_hook(self._post),
-        ]
+        # one at a time, so that remove() finds the first should the second fail
+        self._handles.append(register_module_forward_pre_hook(self._pre))
+        self._handles.append(register_module_forward_hook(self._post))
 
     def _unhook(self) -> None:
         handles, self._handles = self._handles, []

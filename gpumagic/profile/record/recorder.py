@@ -17,6 +17,7 @@ from __future__ import annotations
 import gzip
 import os
 import re
+import secrets
 import shutil
 import tempfile
 import threading
@@ -71,7 +72,13 @@ class RecordOptions:
 
 
 class Recorder:
-    """One profiled cell: ``start()``, the cell runs (calling :func:`step`), ``stop()``."""
+    """One profiled cell: ``start()``, the cell runs (calling :func:`step`), ``stop()``, then
+    ``cleanup()`` removes the temporary folder.
+
+    ``stop()`` and ``cleanup()`` are safe after a ``start()`` that failed or was interrupted
+    at any point: the folder is named before it is made, and a profiler this recorder turned
+    on is turned off even when torch's ``start()`` never returned.
+    """
 
     def __init__(self, options: RecordOptions) -> None:
         self.options = options
@@ -84,7 +91,9 @@ class Recorder:
         self.device_stopped_at: int | None = None  # step at which Kineto stopped collecting
         self.stop_error = ""  # what went wrong stopping the profiler, when a trace survived
         self._prof: Any = None
-        self._dir = Path(tempfile.mkdtemp(prefix="gpumagic-profile-"))
+        self._started = False  # torch's start() returned
+        self._owns_profiler = False  # torch's start() was called with no profiler on before
+        self._dir: Path | None = None  # made by start(), removed by cleanup()
         self._trace: Path | None = None
 
     @property
@@ -104,6 +113,13 @@ class Recorder:
         import torch
         from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 
+        with _lock:
+            if _current is not None:
+                raise RecordError("a %%gpuprofile cell is already being profiled")
+            _current = self
+        # Named before it is made, so that cleanup() finds it whatever interrupts start().
+        self._dir = Path(tempfile.gettempdir()) / f"gpumagic-profile-{secrets.token_hex(8)}"
+        self._dir.mkdir(mode=0o700)
         opts = self.options
         self.cuda = cuda_recordable(torch)
         self._cuda_at_start = _cuda_allocations() if self.cuda else None
@@ -129,11 +145,9 @@ class Recorder:
             with_stack=opts.stack,
             with_flops=opts.flops,
         )
-        with _lock:
-            if _current is not None:
-                raise RecordError("a %%gpuprofile cell is already being profiled")
-            _start_quietly(self._prof)
-            _current = self
+        self._owns_profiler = not _profiler_on()
+        _start_quietly(self._prof)
+        self._started = True
         self.started = time.perf_counter()
         return self
 
@@ -142,10 +156,11 @@ class Recorder:
         self._prof.step()
         if self.device_stopped_at is None and _device_stopped(self._prof):
             # Kineto stopped device collection (CUPTI buffers full, a device error): torch
-            # wrote the trace so far and records nothing more this cell (audit M8)
+            # wrote the trace so far and records nothing more this cell; notes() says so
             self.device_stopped_at = self.steps
 
     def _on_ready(self, prof: Any) -> None:
+        assert self._dir is not None
         path = self._dir / f"trace_{len(list(self._dir.iterdir()))}.json"
         prof.export_chrome_trace(str(path))
         if self._trace is None:  # keep the first window (repeat=1 gives one anyway)
@@ -153,22 +168,20 @@ class Recorder:
 
     def stop(self) -> Path:
         """Stop the profiler (always, also after an error) and return the trace written."""
-        global _current
         failure: Exception | None = None
         try:
-            if self._prof is not None:
+            if self._started:
                 self._synchronize_other_devices()
                 self._prof.stop()
         except Exception as exc:
-            # After a sticky CUDA error (device-side assert, illegal address) torch's stop()
-            # raises in its torch.cuda.synchronize(), before it disables the profiler (audit
-            # M9): disable it here, so the next cell does not run under a profiler.
             failure = exc
-            _disable_profiler()
         finally:
-            with _lock:
-                if _current is self:
-                    _current = None
+            # After a sticky CUDA error (device-side assert, illegal address) torch's stop()
+            # raises in its torch.cuda.synchronize(), before it disables the profiler; and a
+            # start() interrupted inside torch's own start() may have enabled it without
+            # returning. Either way it is turned off here, so that the next cell does not run
+            # under an orphan profiler; one that was on before this recorder is left alone.
+            self._release_profiler()
             self.elapsed_s = time.perf_counter() - self.started if self.started else 0.0
             self.cuda_used = self.cuda and _cuda_used(self._cuda_at_start)
         if failure is not None:
@@ -209,7 +222,22 @@ class Recorder:
         return dest
 
     def cleanup(self) -> None:
-        shutil.rmtree(self._dir, ignore_errors=True)
+        """Remove the temporary folder, and release the profiler if :meth:`stop` did not get
+        to it (it was interrupted): everything this recorder holds is gone after this."""
+        try:
+            self._release_profiler()
+        finally:
+            if self._dir is not None:
+                shutil.rmtree(self._dir, ignore_errors=True)
+
+    def _release_profiler(self) -> None:
+        global _current
+        if self._owns_profiler:
+            _disable_profiler()
+            self._owns_profiler = False
+        with _lock:
+            if _current is self:
+                _current = None
 
     def keep(self) -> Path:
         """Move the recorded trace out of the folder :meth:`cleanup` removes; its new path
@@ -242,7 +270,8 @@ class Recorder:
             pass  # a device error surfaces in stop()'s own synchronize, which is handled
 
     def notes(self, trace: Trace, steps_in_trace: int) -> list[str]:
-        """What the recording says about ``trace`` that the analysis cannot (audit M7, M8).
+        """What the recording says about ``trace`` that the analysis cannot: CUDA recorded
+        but no GPU event in the trace, a stop that failed, fewer steps than the cell marked.
 
         ``steps_in_trace``: the marked steps the trace holds (before any is left out).
         """
@@ -350,7 +379,7 @@ def _start_quietly(prof: Any) -> None:
     those above errors, so only "off" (6) hides them. Kineto reads KINETO_LOG_LEVEL once,
     when the process first prepares a trace (inside this start()), and keeps the level, so
     the variable is set for that call only: left in os.environ it would pass to every child
-    of the kernel (audit M7). A KINETO_LOG_LEVEL the user set wins. Kineto's own warnings
+    of the kernel (and silence their Kineto warnings too). A KINETO_LOG_LEVEL the user set wins. Kineto's own warnings
     (a CUPTI that fails to start) are silenced with the rest; the report's notes say what
     the trace lacks instead.
     """
@@ -374,8 +403,18 @@ def _device_stopped(prof: Any) -> bool:
     return stopped is not None and getattr(prof, "current_action", None) == stopped
 
 
+def _profiler_on() -> bool:
+    try:
+        from torch.autograd import _profiler_enabled
+
+        return bool(_profiler_enabled())
+    except Exception:
+        return False
+
+
 def _disable_profiler() -> None:
-    """Turn torch's profiler off after its own stop() failed (guarded: private API)."""
+    """Turn torch's profiler off where its own stop() failed or never ran (guarded: private
+    API); nothing when it is off."""
     try:
         from torch.autograd import _profiler_enabled
         from torch.autograd.profiler import _disable_profiler as disable

@@ -1,4 +1,4 @@
-"""What every rule shares: :class:`Finding`, :class:`Context`, severities.
+"""What every rule shares: :class:`Finding`, :class:`Context`, :class:`Rule`, severities.
 
 Each rule looks for one known cause of slow steps, quotes the numbers that show it,
 estimates what fixing it would save per step (from measured time, never a guess about
@@ -8,14 +8,22 @@ namespace says ``loader.num_workers == 0``) or to rule it out; without one they 
 from the trace alone. Rules about GPU behaviour stay silent on a trace without GPU
 events.
 
+A rule is two functions side by side in its family's module: a *detection* that reads the
+:class:`Context` and returns its :class:`Evidence` (numbers, flags, the trace rows behind
+them; no prose) or None, and an *advice* that turns that evidence and the :class:`Facts`
+it may fit itself to into the words and code of an :class:`Advice`. :class:`Rule` pairs
+them and builds the :class:`Finding`.
+
 Savings overlap (a DataLoader stall is also GPU idle time), so they are estimates for
 ranking, not a sum to expect.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -75,13 +83,28 @@ def severity(saving_us: float, step_us: float) -> str:
     return "low"
 
 
+@dataclass(frozen=True)
+class Facts:
+    """What advice may fit itself to besides the evidence.
+
+    Today the live session (how TF32 was set, the DDP options, ``None`` for a trace loaded
+    from disk). Facts about the machine the advice is for (the CPUs this process may use,
+    from ``os.sched_getaffinity``; the GPU's compute capability; the torch version) belong
+    here as further fields, so that snippets can fit the machine without any rule's
+    signature changing.
+    """
+
+    live: LiveState | None = None
+
+
 class Context:
-    """What the rules share: the analysis, the live state, per-step helpers."""
+    """What the detections share: the analysis, the live state, per-step helpers."""
 
     def __init__(self, analysis: Analysis, live: LiveState | None) -> None:
         self.a = analysis
         self.trace = analysis.trace
         self.live = live
+        self.facts = Facts(live)
         self.steps = analysis.steps
         self.n_steps = max(len(self.steps), 1)
         self.step_us = analysis.breakdown.mean_step_us
@@ -105,18 +128,78 @@ class Context:
     def per_step(self, total: float) -> float:
         return total / self.n_steps
 
-    def finding(self, rule: str, title: str, saving: float, message: str, **kw: object) -> Finding:
-        return Finding(
-            rule=rule,
-            title=title,
-            severity=severity(saving, self.step_us),
-            saving_us=float(max(saving, 0.0)),
-            message=message,
-            **kw,  # type: ignore[arg-type]
-        )
+    def kernels_from(self, ops: np.ndarray) -> np.ndarray:
+        """Mask over GPU events: the kernels inside the steps that were launched while one
+        of ``ops`` (a mask over host events) ran."""
+        op = self.a.launch_op
+        out = (self.trace.gpu.kind == KERNEL) & self.gpu_in_steps & (op >= 0)
+        out[out] = ops[op[out]]
+        return out
 
 
 def kernels_named(c: Context, names: set[str], module: bool = False) -> EvidenceRows:
     gpu = c.trace.gpu
     m = (gpu.kind == KERNEL) & c.gpu_in_steps & gpu.name.mask(lambda n: n in names)
     return EvidenceRows(gpu=np.flatnonzero(m), gpu_weight=(gpu.end - gpu.ts)[m], module=module)
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Evidence:
+    """What a detection found: numbers, flags and the trace rows behind them, no prose.
+
+    Each rule extends it with its own numbers; :meth:`quoted` names those a finding quotes
+    (:attr:`Finding.evidence`, what a user keeps as data).
+    """
+
+    saving_us: float  # estimated time the fix saves per step (0: none estimated)
+    rows: EvidenceRows | None = None  # the trace events behind it, which locate the line
+    confirmed: bool = False  # the live session confirmed what the trace suggested
+
+    def quoted(self) -> dict[str, float | int | str]:
+        return {}
+
+    def severity(self, step_us: float) -> str:
+        """By the saving's share of the step; a rule whose saving is no measure of harm
+        (none is estimated) says otherwise."""
+        return severity(self.saving_us, step_us)
+
+
+@dataclass(frozen=True)
+class Advice:
+    """The words and code of a finding."""
+
+    title: str
+    message: str
+    fix: str
+    snippet: str
+
+
+E = TypeVar("E", bound=Evidence)
+
+
+@dataclass(frozen=True)
+class Rule(Generic[E]):
+    """One rule: ``detect`` reads the analysis and returns its evidence (or None), ``advise``
+    turns the evidence into words and code."""
+
+    name: str
+    detect: Callable[[Context], E | None]
+    advise: Callable[[E, Facts], Advice]
+
+    def __call__(self, c: Context) -> Finding | None:
+        found = self.detect(c)
+        if found is None:
+            return None
+        advice = self.advise(found, c.facts)
+        return Finding(
+            rule=self.name,
+            title=advice.title,
+            severity=found.severity(c.step_us),
+            saving_us=float(max(found.saving_us, 0.0)),
+            message=advice.message,
+            evidence=found.quoted(),
+            fix=advice.fix,
+            snippet=advice.snippet,
+            confirmed=found.confirmed,
+            rows=found.rows,
+        )

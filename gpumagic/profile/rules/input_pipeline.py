@@ -3,31 +3,65 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 
 from gpumagic.profile.analysis.where import EvidenceRows
-from gpumagic.profile.rules.base import Context, Finding
+from gpumagic.profile.rules.base import Advice, Context, Evidence, Facts
 from gpumagic.profile.trace.model import MEMCPY
 from gpumagic.units import fmt_bytes, fmt_mean_count, fmt_percent, fmt_us
 
+# --- dataloader ------------------------------------------------------------------------
 
-def dataloader(c: Context) -> Finding | None:
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class DataLoaderStall(Evidence):
+    """The breakdown's DataLoader time, and which loader the trace and the session show."""
+
+    percent: float  # of the step
+    us_per_step: float
+    iterator: str | None  # the iterator class the trace names (None: no such span)
+    num_workers: int | None  # the session's smallest, None without a live state
+    in_process: bool  # the loader runs in the training process (num_workers=0)
+    has_gpu: bool
+
+    def quoted(self) -> dict[str, float | int | str]:
+        out: dict[str, float | int | str] = {
+            "dataloader_percent": round(self.percent, 2),
+            "dataloader_us_per_step": round(self.us_per_step, 1),
+        }
+        if self.iterator is not None:
+            out["iterator"] = self.iterator
+        if self.num_workers is not None:
+            out["num_workers"] = self.num_workers
+        return out
+
+
+def detect_dataloader(c: Context) -> DataLoaderStall | None:
     pct = c.percent["DataLoader"]
     if pct <= 5.0:
         return None
     names = [n for n in c.trace.host.name.values if n.startswith("enumerate(DataLoader)#")]
     single = any("_SingleProcessDataLoaderIter" in n for n in names)
     workers = c.live.num_workers if c.live is not None else None
-    evidence: dict[str, float | int | str] = {
-        "dataloader_percent": round(pct, 2),
-        "dataloader_us_per_step": round(c.us["DataLoader"], 1),
-    }
-    if names:
-        evidence["iterator"] = names[0].split("#", 1)[1].split(".")[0]
-    if workers is not None:
-        evidence["num_workers"] = workers
-    if single or workers == 0:
+    host = c.trace.host
+    loads = np.flatnonzero(c.a.is_dataloader & c.host_in_steps(host.ts))
+    return DataLoaderStall(
+        saving_us=c.us["DataLoader"],
+        rows=EvidenceRows(host=loads, host_weight=(host.end - host.ts)[loads]),
+        confirmed=workers == 0,  # the session's loader is the single-process one the trace shows
+        percent=pct,
+        us_per_step=c.us["DataLoader"],
+        iterator=names[0].split("#", 1)[1].split(".")[0] if names else None,
+        num_workers=workers,
+        in_process=single or workers == 0,
+        has_gpu=c.has_gpu,
+    )
+
+
+def advise_dataloader(e: DataLoaderStall, facts: Facts) -> Advice:
+    if e.in_process:
         why = (
             "the loader runs in the training process (num_workers=0: _SingleProcessDataLoaderIter)"
         )
@@ -52,30 +86,42 @@ def dataloader(c: Context) -> Finding | None:
         )
     # the breakdown counts DataLoader time only where no kernel runs; on a CPU-only run
     # there is no GPU to speak of, only the training loop waiting for its batch
-    idle = "nothing running on the GPU" if c.has_gpu else "the training loop waiting for its batch"
+    idle = "nothing running on the GPU" if e.has_gpu else "the training loop waiting for its batch"
     message = (
-        f"The DataLoader takes {fmt_percent(pct)} of each step ({fmt_us(c.us['DataLoader'])}) with "
-        f"{idle}: {why}."
+        f"The DataLoader takes {fmt_percent(e.percent)} of each step ({fmt_us(e.us_per_step)}) "
+        f"with {idle}: {why}."
     )
-    host = c.trace.host
-    loads = np.flatnonzero(c.a.is_dataloader & c.host_in_steps(host.ts))
-    return c.finding(
-        "dataloader",
-        "Data loading stalls the step",
-        c.us["DataLoader"],
-        message,
-        evidence=evidence,
-        fix=fix,
-        snippet=snippet,
-        confirmed=workers == 0,  # the session's loader is the single-process one the trace shows
-        rows=EvidenceRows(host=loads, host_weight=(host.end - host.ts)[loads]),
-    )
+    return Advice("Data loading stalls the step", message, fix, snippet)
 
+
+# --- pageable_memcpy -------------------------------------------------------------------
 
 _PAGEABLE_HTOD = re.compile(r"^Memcpy HtoD \(Pageable -> Device\)")
 
 
-def pageable_memcpy(c: Context) -> Finding | None:
+@dataclass(frozen=True, eq=False, kw_only=True)
+class PageableCopies(Evidence):
+    """Host-to-device copies from pageable memory inside the steps, per step."""
+
+    copies: float
+    nbytes: float
+    copy_us: float  # on the GPU
+    host_blocked_us: float  # CPU time in the copy calls
+    loader_pins: bool | None  # the session's DataLoaders all pin memory (None: unknown)
+
+    def quoted(self) -> dict[str, float | int | str]:
+        out: dict[str, float | int | str] = {
+            "copies_per_step": round(self.copies, 2),
+            "bytes_per_step": round(self.nbytes),
+            "copy_us_per_step": round(self.copy_us, 1),
+            "host_blocked_us_per_step": round(self.host_blocked_us, 1),
+        }
+        if self.loader_pins is not None:
+            out["loader_pin_memory"] = str(self.loader_pins)
+        return out
+
+
+def detect_pageable_memcpy(c: Context) -> PageableCopies | None:
     if not c.has_gpu:
         return None
     gpu = c.trace.gpu
@@ -92,23 +138,28 @@ def pageable_memcpy(c: Context) -> Finding | None:
     rt = rt[rt >= 0]
     host_us = float((c.trace.runtime.end - c.trace.runtime.ts)[rt].sum())
     pinned = c.live.pin_memory if c.live is not None else None
-    evidence: dict[str, float | int | str] = {
-        "copies_per_step": round(c.per_step(int(m.sum())), 2),
-        "bytes_per_step": round(c.per_step(nbytes)),
-        "copy_us_per_step": round(c.per_step(copy_us), 1),
-        "host_blocked_us_per_step": round(c.per_step(host_us), 1),
-    }
-    if pinned is not None:
-        evidence["loader_pin_memory"] = str(pinned)
+    return PageableCopies(
+        saving_us=c.per_step(copy_us),
+        rows=EvidenceRows(gpu=np.flatnonzero(m), gpu_weight=(gpu.end - gpu.ts)[m]),
+        confirmed=pinned is False,
+        copies=c.per_step(int(m.sum())),
+        nbytes=c.per_step(nbytes),
+        copy_us=c.per_step(copy_us),
+        host_blocked_us=c.per_step(host_us),
+        loader_pins=pinned,
+    )
+
+
+def advise_pageable_memcpy(e: PageableCopies, facts: Facts) -> Advice:
     source = (
         "the DataLoader pins memory, so these tensors come from elsewhere (created on the CPU each step?)"
-        if pinned
+        if e.loader_pins
         else "pageable (not pinned) memory must be staged by the driver, which blocks the CPU"
     )
     message = (
-        f"{fmt_mean_count(c.per_step(int(m.sum())))} host-to-device copies per step from pageable memory "
-        f"({fmt_bytes(c.per_step(nbytes))}, {fmt_us(c.per_step(copy_us))} on the GPU, "
-        f"{fmt_us(c.per_step(host_us))} of CPU time blocked in the copy calls): {source}."
+        f"{fmt_mean_count(e.copies)} host-to-device copies per step from pageable memory "
+        f"({fmt_bytes(e.nbytes)}, {fmt_us(e.copy_us)} on the GPU, "
+        f"{fmt_us(e.host_blocked_us)} of CPU time blocked in the copy calls): {source}."
     )
     snippet = (
         "loader = torch.utils.data.DataLoader(dataset, ..., pin_memory=True)\n"
@@ -116,14 +167,9 @@ def pageable_memcpy(c: Context) -> Finding | None:
         "    x = x.to('cuda', non_blocking=True)  # async copy from pinned memory\n"
         "    y = y.to('cuda', non_blocking=True)"
     )
-    return c.finding(
-        "pageable_memcpy",
+    return Advice(
         "Copies from pageable memory",
-        c.per_step(copy_us),
         message,
-        evidence=evidence,
-        fix="Pin host memory (pin_memory=True) and copy with non_blocking=True so copies overlap compute.",
-        snippet=snippet,
-        confirmed=pinned is False,
-        rows=EvidenceRows(gpu=np.flatnonzero(m), gpu_weight=(gpu.end - gpu.ts)[m]),
+        "Pin host memory (pin_memory=True) and copy with non_blocking=True so copies overlap compute.",
+        snippet,
     )

@@ -3,7 +3,7 @@ what they find."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Any
 
 from gpumagic.profile.analysis.trace_analysis import Analysis
 from gpumagic.profile.analysis.where import locate
@@ -15,24 +15,45 @@ from gpumagic.profile.rules import (
     precision,
     sync_launch,
 )
-from gpumagic.profile.rules.base import SEVERITIES, Context, Finding, severity
+from gpumagic.profile.rules.base import SEVERITIES, Context, Finding, Rule, severity
 from gpumagic.profile.trace.session import LiveState
 
-RULES: dict[str, Callable[[Context], Finding | None]] = {
-    "dataloader": input_pipeline.dataloader,
-    "pageable_memcpy": input_pipeline.pageable_memcpy,
-    "sync": sync_launch.sync,
-    "launch_bound": sync_launch.launch_bound,
-    "tensor_cores": precision.tensor_cores,
-    "low_utilization": kernels_memory.low_utilization,
-    "small_grid": kernels_memory.small_grid,
-    "memory_ceiling": kernels_memory.memory_ceiling,
-    "optimizer": optimizer.optimizer,
-    "zero_grad": optimizer.zero_grad,
-    "cudnn_benchmark": kernels_memory.cudnn_benchmark,
-    "communication": communication.communication,
-    "dataparallel": communication.dataparallel,
-    "gloo_on_gpu": communication.gloo_on_gpu,
+RULES: dict[str, Rule[Any]] = {
+    rule.name: rule
+    for rule in (
+        Rule("dataloader", input_pipeline.detect_dataloader, input_pipeline.advise_dataloader),
+        Rule(
+            "pageable_memcpy",
+            input_pipeline.detect_pageable_memcpy,
+            input_pipeline.advise_pageable_memcpy,
+        ),
+        Rule("sync", sync_launch.detect_sync, sync_launch.advise_sync),
+        Rule("launch_bound", sync_launch.detect_launch_bound, sync_launch.advise_launch_bound),
+        Rule("tensor_cores", precision.detect_tensor_cores, precision.advise_tensor_cores),
+        Rule(
+            "low_utilization",
+            kernels_memory.detect_low_utilization,
+            kernels_memory.advise_low_utilization,
+        ),
+        Rule("small_grid", kernels_memory.detect_small_grid, kernels_memory.advise_small_grid),
+        Rule(
+            "memory_ceiling",
+            kernels_memory.detect_memory_ceiling,
+            kernels_memory.advise_memory_ceiling,
+        ),
+        Rule("optimizer", optimizer.detect_optimizer, optimizer.advise_optimizer),
+        Rule("zero_grad", optimizer.detect_zero_grad, optimizer.advise_zero_grad),
+        Rule(
+            "cudnn_benchmark",
+            kernels_memory.detect_cudnn_benchmark,
+            kernels_memory.advise_cudnn_benchmark,
+        ),
+        Rule(
+            "communication", communication.detect_communication, communication.advise_communication
+        ),
+        Rule("dataparallel", communication.detect_dataparallel, communication.advise_dataparallel),
+        Rule("gloo_on_gpu", communication.detect_gloo_on_gpu, communication.advise_gloo_on_gpu),
+    )
 }
 
 

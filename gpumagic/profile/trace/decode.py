@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 import zlib
 from collections.abc import Iterable
+from dataclasses import dataclass
 from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
@@ -186,9 +187,6 @@ _CATEGORY_KIND = {
 }
 
 
-
-
-
 # --- reading bytes -----------------------------------------------------------------------
 
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -278,7 +276,6 @@ def read_trace(path: str | Path) -> Trace:
     return decode_trace(read_trace_bytes(p), str(p))
 
 
-
 # --- columns -------------------------------------------------------------------------------
 
 
@@ -312,41 +309,84 @@ def _thread_codes(pids: list[int | str], tids: list[int | str]) -> np.ndarray:
 
 def decode_trace(data: bytes, source: str) -> Trace:
     """Decode a trace's JSON text (see :func:`read_trace_bytes`) into a :class:`Trace`."""
-    decoded = _decode(data, source)
-    labels_raw = b""
-    if isinstance(decoded, list):
-        events, devices_raw, dist = decoded, [], None
-    else:
-        events, devices_raw, dist = (
-            decoded.traceEvents,
-            decoded.deviceProperties,
-            decoded.distributedInfo,
-        )
-        labels_raw = bytes(decoded.gpumagicCode)
-    del decoded
-    if not events:
-        raise TraceError(source, "the trace has no events (traceEvents is empty)")
-
-    complete: list[_Complete] = [e for e in events if e.__class__ is _Complete]
-    instants: list[_Instant] = [
-        e for e in events if e.__class__ in _INSTANTS and e.name == "[memory]"
-    ]
-    del events
-
+    complete, instants, meta = _events(data, source)
     # Classify by category, looked up once per distinct category string.
     cats = Names.of(list(map(_CAT, complete)))
     kind_of = np.array([_CATEGORY_KIND.get(c.lower(), IGNORED) for c in cats.values], dtype=np.int8)
     kinds = kind_of[cats.codes] if len(kind_of) else np.zeros(0, np.int8)
+    host, code, runtime = _host_side(complete, kinds, meta.labels)
+    gpu_rows = _rows(kinds, KERNEL, MEMCPY, MEMSET)
+    gpu = _gpu_events(_take(complete, gpu_rows), kinds[gpu_rows])
+    syncs = _sync_events(_take(complete, _rows(kinds, SYNC)))
+    memory = _memory_events(instants)
+    del complete, instants
+    if (gpu.correlation < 0).any() and len(runtime.ts):
+        _correlate_by_flows(data, gpu, runtime)
+    start, end, n_kept = _extent(source, code, (host, runtime, gpu, syncs))
+    dist = meta.distributed
+    return Trace(
+        source=source,
+        rank=dist.rank if dist is not None else None,
+        world_size=dist.world_size if dist is not None else None,
+        devices=[_device(d) for d in meta.devices],
+        host=host,
+        runtime=runtime,
+        gpu=gpu,
+        syncs=syncs,
+        memory=memory,
+        start=start,
+        end=end,
+        events=n_kept,
+        backend=dist.backend if dist is not None else None,
+        group_sizes=_group_sizes(dist.pg_config) if dist is not None else [],
+        code=code,
+    )
 
-    def rows(*wanted: int) -> np.ndarray:
-        return (
-            np.flatnonzero(np.isin(kinds, wanted))
-            if len(wanted) > 1
-            else np.flatnonzero(kinds == wanted[0])
-        )
 
-    host_sub, rt_sub = _take(complete, rows(HOST)), _take(complete, rows(RUNTIME))
-    py_sub = [e for e in _take(complete, rows(PYTHON)) if e.name.startswith(TORCH_MODULE_PREFIX)]
+@dataclass
+class _Meta:
+    """What a trace file holds beside its events."""
+
+    devices: list[_Device]
+    distributed: _Distributed | None
+    labels: bytes  # gpumagicCode, raw JSON
+
+
+def _events(data: bytes, source: str) -> tuple[list[_Complete], list[_Instant], _Meta]:
+    """The complete events and the ``[memory]`` instants of the trace, and the rest of the
+    file; every other event is dropped here, before the columns are built."""
+    decoded = _decode(data, source)
+    if isinstance(decoded, list):
+        events, meta = decoded, _Meta([], None, b"")
+    else:
+        events = decoded.traceEvents
+        meta = _Meta(decoded.deviceProperties, decoded.distributedInfo, bytes(decoded.gpumagicCode))
+    del decoded
+    if not events:
+        raise TraceError(source, "the trace has no events (traceEvents is empty)")
+    complete: list[_Complete] = [e for e in events if e.__class__ is _Complete]
+    instants: list[_Instant] = [
+        e for e in events if e.__class__ in _INSTANTS and e.name == "[memory]"
+    ]
+    return complete, instants, meta
+
+
+def _rows(kinds: np.ndarray, *wanted: int) -> np.ndarray:
+    return (
+        np.flatnonzero(np.isin(kinds, wanted))
+        if len(wanted) > 1
+        else np.flatnonzero(kinds == wanted[0])
+    )
+
+
+def _host_side(
+    complete: list[_Complete], kinds: np.ndarray, labels_raw: bytes
+) -> tuple[HostEvents, CodeSpans, RuntimeEvents]:
+    """Host operators, the cell's statement and module ranges, and runtime calls."""
+    host_sub, rt_sub = _take(complete, _rows(kinds, HOST)), _take(complete, _rows(kinds, RUNTIME))
+    py_sub = [
+        e for e in _take(complete, _rows(kinds, PYTHON)) if e.name.startswith(TORCH_MODULE_PREFIX)
+    ]
     # one coding of (pid, tid) for all, so runtime calls nest inside operators
     threads = _thread_codes(
         list(map(_PID, host_sub)) + list(map(_PID, rt_sub)) + list(map(_PID, py_sub)),
@@ -356,17 +396,16 @@ def decode_trace(data: bytes, source: str) -> Trace:
     host, code = _code_spans(
         _host_events(host_sub, threads[:n_host]), py_sub, threads[n_host + n_rt :], labels_raw
     )
-    runtime = _runtime_events(rt_sub, threads[n_host : n_host + n_rt])
-    del host_sub, rt_sub, py_sub
-    gpu_rows = rows(KERNEL, MEMCPY, MEMSET)
-    gpu = _gpu_events(_take(complete, gpu_rows), kinds[gpu_rows])
-    syncs = _sync_events(_take(complete, rows(SYNC)))
-    memory = _memory_events(instants)
-    del complete, instants
-    if (gpu.correlation < 0).any() and len(runtime.ts):
-        _correlate_by_flows(data, gpu, runtime)
+    return host, code, _runtime_events(rt_sub, threads[n_host : n_host + n_rt])
 
-    spans = [(x.ts, x.end) for x in (host, runtime, gpu, syncs) if len(x.ts)]
+
+def _extent(
+    source: str,
+    code: CodeSpans,
+    events: tuple[HostEvents | RuntimeEvents | GpuEvents | SyncEvents, ...],
+) -> tuple[float, float, int]:
+    """The trace's first start, last end and number of events kept."""
+    spans = [(x.ts, x.end) for x in events if len(x.ts)]
     n_kept = sum(len(s) for s, _ in spans)
     # a cell of plain Python has its statement ranges and nothing else
     spans = spans or [(x.ts, x.end) for x in (code.statements, code.modules) if len(x.ts)]
@@ -379,32 +418,16 @@ def decode_trace(data: bytes, source: str) -> Trace:
     # the recorded events end, or that line would hold the profiler's work.
     for x in (code.statements, code.modules):
         np.minimum(x.end, end, out=x.end)
-    devices = [
-        DeviceProperties(
-            id=d.id,
-            name=d.name,
-            memory_bytes=d.totalGlobalMem,
-            compute_capability=(d.computeMajor, d.computeMinor) if d.computeMajor >= 0 else None,
-            sms=d.numSms,
-        )
-        for d in devices_raw
-    ]
-    return Trace(
-        source=source,
-        rank=dist.rank if dist is not None else None,
-        world_size=dist.world_size if dist is not None else None,
-        devices=devices,
-        host=host,
-        runtime=runtime,
-        gpu=gpu,
-        syncs=syncs,
-        memory=memory,
-        start=start,
-        end=end,
-        events=n_kept,
-        backend=dist.backend if dist is not None else None,
-        group_sizes=_group_sizes(dist.pg_config) if dist is not None else [],
-        code=code,
+    return start, end, n_kept
+
+
+def _device(d: _Device) -> DeviceProperties:
+    return DeviceProperties(
+        id=d.id,
+        name=d.name,
+        memory_bytes=d.totalGlobalMem,
+        compute_capability=(d.computeMajor, d.computeMinor) if d.computeMajor >= 0 else None,
+        sms=d.numSms,
     )
 
 
