@@ -134,7 +134,8 @@ class JobWatcher:
         found = self.client.query(self._expr)
         if not found:
             raise PrometheusError(self._explain_empty())
-        for s in found:
+        # node by node, GPU by GPU (a GPU that appears later is added at the end)
+        for s in sorted(found, key=lambda s: _order(gpu_from_labels(s.labels))):
             self._row_of(s.labels)
         present = {s.name for s in found}
         self.missing = tuple(n for n in dcgm.REQUIRED if n not in present)
@@ -457,6 +458,10 @@ class JobWatcher:
             + (f" {{{self.selector}}}" if self.selector else "")
             + f", {len(self._gpus)} GPU(s) on {hosts} node(s), every {self.interval:g} s>"
         )
+
+
+def _order(gpu: JobGpu) -> tuple[str, int, str]:
+    return (gpu.host, int(gpu.gpu) if gpu.gpu.isdigit() else 1 << 30, gpu.gpu)
 
 
 class JobCsv:

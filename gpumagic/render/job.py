@@ -68,6 +68,15 @@ def _mib(v: float) -> str:
     return "–" if math.isnan(v) else (f"{v / 1024:.1f} GiB" if v >= 1024 else f"{v:.0f} MiB")
 
 
+def _gib_pair(used: float, total: float) -> str:
+    """``60/79 GiB``: framebuffer used of the total, in whole GiB (DCGM counts MiB)."""
+    if math.isnan(used):
+        return "–"
+    if math.isnan(total):
+        return f"{used / 1024:.0f} GiB"
+    return f"{used / 1024:.0f}/{total / 1024:.0f} GiB"
+
+
 def _cell_name(cell: CellRecord) -> str:
     return f"[{cell.execution_count}]" if cell.execution_count is not None else "[ ]"
 
@@ -135,10 +144,10 @@ def _gpu_charts(snap: JobSnapshot, live: bool) -> str:
             v = snap.values[:, i, :]
             now = latest[i]
             total = now[_U[dcgm.FB_USED]] + now[_U[dcgm.FB_FREE]]
+            # short enough for the chart's width; the table and .gpus have the rest
             title = (
                 f"GPU {g.gpu}{' ⚠' if g.label in slow else ''} {fmt_percent(now[_U[dcgm.UTIL]])} · "
-                f"{_mib(now[_U[dcgm.FB_USED]])}/{_mib(total)} · {fmt_watts(now[_U[dcgm.POWER]])} · "
-                f"{fmt_celsius(now[_U[dcgm.TEMP]])}"
+                f"{_gib_pair(now[_U[dcgm.FB_USED]], total)} · {fmt_watts(now[_U[dcgm.POWER]])}"
             )
             series = [_series("util", x, v[:, _U[dcgm.UTIL]], PALETTE["accent"], fill=True)]
             for name, color in (
@@ -164,9 +173,15 @@ def _gpu_charts(snap: JobSnapshot, live: bool) -> str:
             )
         for k in range(0, len(charts), 4):
             parts.append(render_small_multiples(charts[k : k + 4]))
-    legend = "utilisation (filled)"
-    if snap.has(dcgm.SM_ACTIVE) or snap.has(dcgm.TENSOR_ACTIVE):
-        legend += ", SM active (orange), tensor pipe active (green), as % of cycles"
+    shown = [
+        what
+        for field, what in (
+            (dcgm.SM_ACTIVE, "SM active (orange)"),
+            (dcgm.TENSOR_ACTIVE, "tensor pipe active (green)"),
+        )
+        if snap.has(field)
+    ]
+    legend = "utilisation (filled)" + (f", {', '.join(shown)}, as % of cycles" if shown else "")
     parts.append(f"<div class='gm-note'>{escape(legend)}</div>")
     return "".join(parts)
 
@@ -320,8 +335,15 @@ _GPU_COLUMNS = [
 
 def _gpu_table(snap: JobSnapshot, shown: int = CHARTS_UP_TO) -> list[Section]:
     rows = _gpu_rows(snap)
+    # the profiling columns only where the exporter publishes them
+    absent = {
+        key
+        for key, field in (("sm", dcgm.SM_ACTIVE), ("tensor", dcgm.TENSOR_ACTIVE))
+        if not snap.has(field)
+    }
+    columns = [c for c in _GPU_COLUMNS if c.value not in absent]
     out: list[Section] = [
-        Table(_GPU_COLUMNS, rows[:shown], highlight=lambda r: "hot" if r["straggler"] else "")
+        Table(columns, rows[:shown], highlight=lambda r: "hot" if r["straggler"] else "")
     ]
     if len(rows) > shown:
         out.append(Paragraph(f"... {len(rows) - shown} more GPUs (.gpus has them all)"))

@@ -130,7 +130,10 @@ class ExporterDouble:
                 self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                try:
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the scraper gave up (Prometheus stopping): as an exporter shrugs it off
 
             def log_message(self, *args: Any) -> None:
                 pass
