@@ -63,3 +63,27 @@ def test_no_core_function_over_80_lines_unless_kept_whole_on_purpose() -> None:
             if found := long_functions(f.read_text(encoding="utf-8")):
                 offences[str(f.relative_to(PACKAGE))] = found
     assert offences == {}
+
+
+ROOT = PACKAGE.parent
+
+
+def _tree_block() -> str:
+    text = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    start = text.index("```\ngpumagic/")
+    return text[start : text.index("```", start + 3)]
+
+
+def test_contributing_names_every_package_and_only_modules_that_exist() -> None:
+    """CONTRIBUTING.md's tree matches the tree: each subpackage is named in it, and each
+    module it names exists (so a move that forgets the map fails here)."""
+    import re
+
+    block = _tree_block()
+    packages = sorted(p.parent.relative_to(PACKAGE) for p in PACKAGE.rglob("__init__.py"))
+    missing = [str(p) for p in packages if str(p) != "." and f"{p.name}/" not in block]
+    assert missing == []
+    named = set(re.findall(r"\b([a-z_]+\.py)\b", block))
+    existing = {p.name for p in PACKAGE.rglob("*.py")}
+    assert named - existing == set()
+    assert len(named) > 30  # the map was read
