@@ -24,6 +24,7 @@ _LAZY = {
     "watch": ("gpumagic.monitor", "watch"),
     "env": ("gpumagic.environment", "env"),
     "select_gpus": ("gpumagic.monitor.choose", "select_gpus"),
+    "serve_metrics": ("gpumagic.monitor.exporter", "serve_metrics"),
 }
 
 __all__ = ["__version__", "load_ipython_extension", "unload_ipython_extension", *_LAZY]

@@ -17,6 +17,7 @@ from gpumagic.render.comms import communication_sections
 from gpumagic.render.comms import headline_items as comms_headline_items
 from gpumagic.render.html import escape
 from gpumagic.render.profile_code import lines_sections, modules_sections, where_html, where_text
+from gpumagic.render.ranks import slow_ranks_sections
 from gpumagic.render.sections import (
     Figure,
     Heading,
@@ -252,6 +253,7 @@ def _per_rank_sections(r: ProfileResult) -> list[Section]:
     return [
         Heading("Per rank", f"slowest: rank {s['slowest_rank']}"),
         Table(columns, rows, highlight=lambda x: "hot" if x["slowest"] else ""),
+        *slow_ranks_sections(r),
     ]
 
 
