@@ -106,10 +106,12 @@ def _kept_off_screen() -> Iterator[list[int]]:
         try:
             yield shown
         finally:
+            made: list[int] = []
             pyplot = sys.modules.get("matplotlib.pyplot")
-            made = [n for n in pyplot.get_fignums() if n not in before] if pyplot is not None else []
-            for number in made:
-                pyplot.close(number)
+            if pyplot is not None:
+                made = [n for n in pyplot.get_fignums() if n not in before]
+                for number in made:
+                    pyplot.close(number)
             if cap.outputs or made:
                 shown.append(len(cap.outputs) + len(made))
 
