@@ -179,6 +179,14 @@ def test_an_operation_that_needs_values_stops_with_a_message_naming_the_line(ip,
     assert run("z = 1 + 1").result.success  # the kernel lives
 
 
+def test_a_torch_cuda_call_without_a_gpu_stops_with_its_line(ip, run, ns):
+    if torch.cuda.is_available():
+        pytest.skip("the no-GPU path")
+    r = run("%%memfit --memory 8GiB\nx = torch.ones(3)\ntorch.cuda.synchronize()\n")
+    assert "line 3: AssertionError: Torch not compiled with CUDA enabled" in str(r.result.error_in_exec)
+    assert "torch.cuda calls need a GPU" in str(r.result.error_in_exec)
+
+
 def test_an_iterator_is_refused_not_advanced(ip, run, ns):
     run("batches = iter([torch.ones(2), torch.ones(3)])")
     r = run("%%memfit --memory 8GiB\nx = next(batches)\n")

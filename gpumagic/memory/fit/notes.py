@@ -89,4 +89,8 @@ def error_text(run: DryRun, prepared: PreparedCell) -> str:
         return f"{where}: {err} (a loop on placeholder values? give the cell fewer steps)"
     if isinstance(err, ShadowError):
         return str(err)
-    return f"{where}: {type(err).__name__}: {err}"[:400]
+    text = f"{where}: {type(err).__name__}: {err}"[:400]
+    if "not compiled with CUDA" in str(err) or "no NVIDIA driver" in str(err):
+        # torch.cuda.synchronize(), memory_allocated(), ...: a dry run makes no CUDA context
+        text += " (torch.cuda calls need a GPU: a dry run without one cannot make them)"
+    return text
