@@ -7,30 +7,61 @@ from typing import Any
 
 from IPython.core.magic import Magics, line_magic, magics_class, output_can_be_silenced
 
-from gpumagic.magics.args import MagicParser, without_silencer
+from gpumagic.magics.args import (
+    MagicParser,
+    documented,
+    output_name,
+    output_option,
+    returns_result,
+    without_silencer,
+)
 from gpumagic.render.html import Note
 
 PARSER = MagicParser(
     "%gpuwatch",
-    description="Live inline chart of GPU utilisation, memory, temperature and power (host CPU/RAM without a GPU).",
+    description="Live inline chart of GPU utilisation, memory, temperature and power "
+    "(host CPU/RAM without a GPU).",
 )
-PARSER.add_argument("action", nargs="?", default="start", choices=["start", "stop", "status"])
+PARSER.add_argument(
+    "action",
+    nargs="?",
+    default="start",
+    choices=["start", "stop", "status"],
+    help="start (the default) a watch and its live chart; status: the values now and the "
+    "alerts; stop: the summary, per-cell peaks and the CSV path",
+)
+# -i/--interval as nvitop's --interval; nvidia-smi's spellings (-l/--loop, --id,
+# -f/--filename) are accepted too, for what they mean there.
 PARSER.add_argument(
     "-i",
     "--interval",
+    "-l",
+    "--loop",
+    dest="interval",
     type=float,
     default=1.0,
     metavar="SECONDS",
     help="seconds between samples (floor 0.1)",
 )
 PARSER.add_argument(
-    "--log", metavar="FILE.csv", help="append every sample to this CSV (nvidia-smi column names)"
+    "--log",
+    "-f",
+    "--filename",
+    dest="log",
+    metavar="FILE.csv",
+    help="append every sample to this CSV (nvidia-smi column names)",
 )
-PARSER.add_argument("--gpus", metavar="0,1", help="CUDA indexes to watch (default: all visible)")
+PARSER.add_argument(
+    "--gpus",
+    "--id",
+    dest="gpus",
+    metavar="0,1",
+    help="CUDA indexes to watch (default: all visible)",
+)
 PARSER.add_argument(
     "--window", type=float, default=300.0, metavar="SECONDS", help="history kept and drawn"
 )
-PARSER.add_argument("-o", "--output", metavar="VAR", help="stop: also store the result in VAR")
+output_option(PARSER, "start returns the Watcher; status and stop return theirs anyway")
 PARSER.add_argument(
     "--price",
     metavar="DOLLARS_PER_HOUR",
@@ -67,44 +98,31 @@ class WatchMagics(Magics):
 
     @output_can_be_silenced
     @line_magic
+    @documented(PARSER)
     def gpuwatch(self, line: str) -> Any:
         """Watch the GPUs while you work: a live chart that keeps updating while other cells run.
-
-        %gpuwatch [start] [-i SECONDS] [--log FILE.csv] [--gpus 0,1] [--window SECONDS]
-                  [--price DOLLARS_PER_HOUR] [--idle-alert DURATION]
-        %gpuwatch status      current values and alerts
-        %gpuwatch stop [-o VAR]  a static summary, per-cell peaks and the CSV path
 
         status and stop return their result, shown once as ``Out[]`` (``res = %gpuwatch
         stop`` keeps it; a trailing ``;`` hides it). The result of stop (also ``_gpuwatch``)
         has ``.samples`` (one row per device per sample) and ``.cells`` (peak utilisation,
         peak memory, duration, energy and, with --price, cost_usd per cell); status and stop
         results have ``.processes``: who is on the watched GPUs (pid, user, memory, command).
-        Without NVML or an NVIDIA GPU it watches host CPU and RAM and says why.
+        Without NVML or an NVIDIA GPU it watches host CPU and RAM and says why. Starting
+        while a watch runs replaces it; its result goes to ``_gpuwatch``, and a line says so.
+        In a terminal (no live chart) the start is confirmed in one line.
         ``gpumagic.watch(...)`` starts the same watcher from a script.
         """
         from IPython.display import display
 
-        from gpumagic.monitor import current, watch
-        from gpumagic.render.watch_live import start_live_view
+        from gpumagic.monitor import current
 
         # "%gpuwatch stop ;": IPython passes the ";" on and drops the Out[] itself.
         opts = PARSER.parse_line(without_silencer(line))
-        if opts.action == "start":
-            try:
-                watcher = watch(
-                    opts.interval,
-                    opts.log,
-                    opts.gpus,
-                    opts.window,
-                    shell=self.shell,
-                    price=opts.price,
-                    idle_alert=opts.idle_alert,
-                )
-            except ValueError as exc:
-                raise PARSER.usage_error(str(exc)) from None
-            start_live_view(watcher)
+        if opts is None:  # -h: the help was printed
             return None
+        PARSER.check_variable("-o", output_name(opts))  # before a stop: a bad name stops nothing
+        if opts.action == "start":
+            return self._start(opts)
         given = [f for f, v in (("--price", opts.price), ("--idle-alert", opts.idle_alert)) if v]
         if given:
             raise PARSER.usage_error(f"{' and '.join(given)}: given when starting, not to {opts.action}")
@@ -114,11 +132,40 @@ class WatchMagics(Magics):
             return None
         if opts.action == "status":
             return running.status()
-        if opts.output is not None and not opts.output.isidentifier():
-            raise PARSER.usage_error(f"-o {opts.output!r}: not a valid variable name")
         result = running.stop()
         ns = self.shell.user_ns  # type: ignore[union-attr]
         ns["_gpuwatch"] = result
-        if opts.output:
-            ns[opts.output] = result
+        if output_name(opts):
+            ns[output_name(opts)] = result
         return result
+
+    def _start(self, opts: Any) -> Any:
+        from IPython.display import display
+
+        from gpumagic.monitor import current, watch
+        from gpumagic.render.live import detect_mode
+        from gpumagic.render.watch_live import start_live_view, started_note
+
+        previous = current()
+        try:
+            watcher = watch(
+                opts.interval,
+                opts.log,
+                opts.gpus,
+                opts.window,
+                shell=self.shell,
+                price=opts.price,
+                idle_alert=opts.idle_alert,
+            )
+        except ValueError as exc:
+            raise PARSER.usage_error(str(exc)) from None
+        if previous is not None and previous is not watcher:
+            # watch() stopped it: its result is kept where a stop would have put it
+            self.shell.user_ns["_gpuwatch"] = previous.result()  # type: ignore[union-attr]
+        # Above the live chart: what happened to an earlier watch; in a terminal, where no
+        # chart shows, that this one started.
+        note = started_note(watcher, previous, live=detect_mode() != "off")
+        if note is not None:
+            display(note)
+        start_live_view(watcher)
+        return watcher if returns_result(opts) else None
