@@ -6,12 +6,12 @@ is: the front end sanitises its HTML, dropping ``<style>`` blocks and inline ``<
 both front ends, every chart must be a visible image of non-zero size, the bars and the
 highlighted rows must show, and no text may run into the next (table cells, label: value
 pairs, legend items stay apart), which is what an untrusted notebook looked like before:
-the charts' texts ran together and the bars were gone.
+the charts' texts ran together and the bars were gone. A control output added to the
+notebook shows that the page measured is sanitised indeed.
 """
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -83,18 +83,48 @@ def executed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return execute(tmp_path_factory.mktemp("shared-run") / "shared.ipynb")
 
 
+# A control output: what the front end does to an untrusted notebook's HTML, so the test
+# knows the page it measures is sanitised (inline <svg> and <style> gone, style= kept).
+CONTROL_HTML = (
+    '<div class="sanitiser-control"><style>.sanitiser-control{color:red}</style>'
+    '<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"><rect width="10" height="10"/></svg>'
+    '<span style="color:rgb(1, 2, 3)">kept</span></div>'
+)
+CONTROL_JS = """
+(panel) => {
+  const c = panel.querySelector('.sanitiser-control');
+  if (!c) { return null; }
+  const span = c.querySelector('span');
+  return {svg: c.querySelectorAll('svg').length, style: c.querySelectorAll('style').length,
+          color: span ? getComputedStyle(span).color : null};
+}
+"""
+
+
+def _with_control(executed: Path, target: Path) -> None:
+    import nbformat
+
+    nb = nbformat.read(executed, as_version=4)
+    cell = nbformat.v4.new_code_cell("# a control output, written by the test")
+    cell.outputs = [nbformat.v4.new_output("display_data", data={"text/html": CONTROL_HTML})]
+    nb.cells.append(cell)
+    nbformat.write(nb, target)
+
+
 @pytest.mark.parametrize("frontend", ["lab", "nb7"])
 def test_shared_notebook_reads_untrusted(frontend: str, executed: Path, request: Any) -> None:
     ui: LabPage = request.getfixturevalue(frontend)
     name = f"shared_{frontend}.ipynb"
-    shutil.copyfile(executed, ui.server.root_dir / name)
+    _with_control(executed, ui.server.root_dir / name)
     ui.open_notebook(name)
     trusted = ui.trusted()
     assert trusted and not any(trusted), f"the notebook should open untrusted: {trusted}"
-
+    ui.wait_output(len(trusted) - 1, ".sanitiser-control", timeout=30)
     for index, kind in ((MEMTRACE, "memtrace"), (PROFILE, "profile"), (WATCH_STOP, "watch-result")):
         ui.wait_output(index, f".gpumagic-{kind}", timeout=30)
     panel = ui.panel.element_handle()
+    control = ui.page.evaluate(CONTROL_JS, panel)
+    assert control == {"svg": 0, "style": 0, "color": "rgb(1, 2, 3)"}, control
     ui.page.wait_for_function(IMAGES_LOADED_JS, arg=panel, timeout=20_000)
     seen = ui.page.evaluate(MEASURE_JS, panel)
 
