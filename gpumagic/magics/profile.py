@@ -20,7 +20,7 @@ from gpumagic.magics.args import (
     returns_result,
     without_silencer,
 )
-from gpumagic.render.html import Note, Rendered, escape, wrap
+from gpumagic.render.html import BOX_STYLE, Note, Rendered, escape, wrap
 
 PARSER = MagicParser(
     "%%gpuprofile",
@@ -116,7 +116,8 @@ class _Display(Rendered):
         html = self.result.to_html(rows=self.rows)
         if self.note:
             note = escape(self.note).replace("\n", "<br>")
-            html = wrap("profile-note", f'<div class="gm-box">{note}</div>') + html
+            box = f'<div class="gm-box" style="{BOX_STYLE["box"]}">{note}</div>'
+            html = wrap("profile-note", box) + html
         return html
 
 
