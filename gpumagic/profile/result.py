@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
 
+    from gpumagic.render.sections import Report
+
 # Table rows a result shows by default: a terminal has less room than a notebook.
 TEXT_ROWS, HTML_ROWS = 10, 15
 
@@ -354,6 +356,11 @@ class ProfileResult(Rendered):
 
     # --- output ----------------------------------------------------------------------
 
+    def _report(self) -> Report:
+        from gpumagic.render.profile import profile_report
+
+        return profile_report(self, TEXT_ROWS if self.display_rows is None else self.display_rows)
+
     def _text(self) -> str:
         return self.to_text(TEXT_ROWS if self.display_rows is None else self.display_rows)
 
@@ -367,10 +374,11 @@ class ProfileResult(Rendered):
         return profile_report(self, rows).text()
 
     def to_html(self, rows: int = 15) -> str:
-        """The report as HTML, ``rows`` rows in each table."""
+        """The report as HTML, ``rows`` rows in each table (no stylesheet: see
+        :mod:`gpumagic.render.html`; ``export`` writes a page with one)."""
         from gpumagic.render.profile import profile_report
 
-        return profile_report(self, rows).html()
+        return profile_report(self, rows).html(style=False)
 
     def export(self, path: str | Path, rows: int = 50) -> Path:
         """Write a self-contained HTML report (no scripts, no external files)."""
