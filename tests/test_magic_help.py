@@ -12,7 +12,7 @@ import threading
 import pytest
 from IPython.core.error import UsageError
 
-from gpumagic.magics import env, memtrace, profile, select, watch
+from gpumagic.magics import env, memfit, memtrace, profile, select, watch
 
 PARSERS = {
     "%memtrace": memtrace.PARSER,
@@ -22,6 +22,7 @@ PARSERS = {
     "%gpuwatch": watch.PARSER,
     "%gpuselect": select.PARSER,
     "%gpuenv": env.PARSER,
+    "%%memfit": memfit.PARSER,
 }
 
 
@@ -51,6 +52,7 @@ def test_inspector_lists_every_option_with_its_help(ip, magic: str) -> None:
         "%gpuwatch": ".cells",
         "%gpuselect": "c.indices",
         "%gpuenv": "_gpuenv",
+        "%memfit": ".peak_bytes",
     }
     assert prose["%" + magic.lstrip("%")] in text
 

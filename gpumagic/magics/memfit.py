@@ -17,7 +17,7 @@ from typing import Any
 
 from IPython.core.magic import Magics, cell_magic, magics_class, no_var_expand
 
-from gpumagic.magics.args import MagicParser
+from gpumagic.magics.args import MagicParser, documented, output_name, output_option
 
 PARSER = MagicParser(
     "%%memfit",
@@ -27,7 +27,7 @@ PARSER = MagicParser(
         "and what each fix would save."
     ),
 )
-PARSER.add_argument("-o", "--output", metavar="NAME", help="also store the result under NAME")
+output_option(PARSER, "the prediction is the value of the cell either way")
 PARSER.add_argument("--gpu", metavar="NAME", help='a GPU of the table ("A100 80GB", H100, T4, "RTX 4090", ...)')
 PARSER.add_argument("--memory", metavar="SIZE", help="the GPU memory to fit in instead (24GiB, 80GB)")
 PARSER.add_argument(
@@ -50,10 +50,9 @@ class MemfitError(RuntimeError):
 class MemfitMagics(Magics):
     @no_var_expand
     @cell_magic
+    @documented(PARSER)
     def memfit(self, line: str, cell: str) -> Any:
         """Predict whether the cell fits on a GPU, before running it there.
-
-        %%memfit [--gpu NAME | --memory SIZE] [--batch VAR=v1,v2,...] [--what-if FIX,...] [-o NAME] [-q]
 
         The result (``_memfit``, and NAME with -o) has ``.peak_bytes``, ``.categories``,
         ``.modules`` (DataFrame), ``.peak_line``, ``.fits`` (True, False, or None within the
@@ -64,6 +63,9 @@ class MemfitMagics(Magics):
         from gpumagic.memory.fit.api import predict, resolve_target
 
         opts = PARSER.parse_line(line)
+        if opts is None:  # -h: the help was printed
+            return None
+        PARSER.check_variable("-o", output_name(opts))
         fit_opts = _options(opts)
         shell: Any = self.shell
         try:
@@ -81,8 +83,8 @@ class MemfitMagics(Magics):
         if shown:
             fit.notes.append(f"The dry runs displayed {shown[0]} outputs (figures, tables), not shown.")
         shell.user_ns["_memfit"] = fit
-        if opts.output:
-            shell.user_ns[opts.output] = fit
+        if output_name(opts):
+            shell.user_ns[output_name(opts)] = fit
         if fit.error:
             if not opts.quiet:
                 from IPython.display import display

@@ -395,7 +395,7 @@ def live_report(snap: JobSnapshot) -> Report:
 
 
 def live_html(snap: JobSnapshot) -> str:
-    return live_report(snap).html()
+    return live_report(snap).html(style=False)
 
 
 class JobLiveFrame:
@@ -432,7 +432,7 @@ def status_text(status: JobStatus) -> str:
 
 
 def status_html(status: JobStatus) -> str:
-    return status_report(status).html()
+    return status_report(status).html(style=False)
 
 
 def result_report(result: JobResult) -> Report:
@@ -468,7 +468,7 @@ def result_text(result: JobResult) -> str:
 
 
 def result_html(result: JobResult) -> str:
-    return result_report(result).html()
+    return result_report(result).html(style=False)
 
 
 class JobStoppedNote(Rendered):
