@@ -22,22 +22,11 @@ Why a dispatch mode, measured on this machine (torch 2.13 CPU build, 2 shared co
   ``torch.func.grad`` refuses to run. A cell must behave as without the magic, so activations
   are told by how a tensor was made and what holds it (:mod:`gpumagic.memory.categories`).
 
-So that the cell behaves exactly as without the magic:
-
-* the op runs as called (``func._op``: torch's own call, without ``OpOverload.__call__``'s
-  Python frame), and its exception propagates unchanged; this handler's frame is hidden
-  from IPython's tracebacks (``__tracebackhide__``);
-* ``ignore_compile_internals``: ``torch.compile`` compiles and runs as without the mode
-  (by default Dynamo skips compiling while a mode is active, which would silently run the
-  cell eagerly); what a compiled region allocates inside is not seen (:attr:`unseen`);
-* the handler is not wrapped in ``torch._dynamo.disable`` (``_should_skip_dynamo``):
-  that wrapper imports ``torch._dynamo`` (1.8 s here) into every kernel at the first op and
-  adds two Python frames to every op; the tracker's code objects are marked for Dynamo to
-  skip instead, which is what the wrapper achieves;
-* module and optimizer hooks are global, only while the cell runs, and do nothing while
-  Dynamo traces (``torch.compiler.is_compiling()``);
-* a failure of the tracker's own code is recorded (:attr:`errors`), stops tracking, and never
-  reaches the cell.
+The cell behaves as without the magic (:mod:`gpumagic.memory.dispatch` says how for the
+mode); the module and optimizer hooks are global, present only while the cell runs, and do
+nothing while Dynamo traces (``torch.compiler.is_compiling()``); a failure of the tracker's
+own code is recorded (:attr:`TensorTracker.errors`), stops tracking, and never reaches the
+cell.
 
 Tensors from before the cell count when something reaches them at its start: a name in the
 namespace (or a small container), a model, an optimizer, the output history, or the autograd
@@ -49,11 +38,10 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpumagic.memory.categories import (
     ACTIVATIONS,
@@ -62,6 +50,12 @@ from gpumagic.memory.categories import (
     OPTIMIZER,
     OTHER,
     PARAMETERS,
+)
+from gpumagic.memory.dispatch import (
+    StorageMode,
+    drop_own_frames,
+    leave_mode,
+    skip_in_dynamo,
 )
 from gpumagic.memory.ledger import (
     BACKWARD,
@@ -76,49 +70,22 @@ from gpumagic.memory.ledger import (
     Settled,
 )
 from gpumagic.memory.probes import Reading
+from gpumagic.memory.reach import (
+    CONTAINER_MAX,
+    history,
+    models_in,
+    named_values,
+    saved_by_graphs,
+    tensors_in,
+    user_items,
+)
 
 __all__ = ["TensorMemory", "TensorTracker", "drop_own_frames", "on_cpu"]
 
-# Containers the namespace scan looks into (one level, as the out-of-memory report does).
-_CONTAINER_MAX = 64
 # The walk over models and optimizers (parameters, gradients, state) on every statement that
 # leaves new tensors behind, except that a statement run again (a loop) does it at most this
 # often unless its tensors came from backward() or an optimizer step, or a new model appeared.
 _MODEL_WALK_EVERY_NS = 200_000_000
-# The autograd graphs found at the start are walked up to this many nodes in all.
-_GRAPH_NODES_MAX = 20_000
-_SKIPPED_NAMES = frozenset(("In", "Out", "exit", "quit", "get_ipython"))
-
-# How an op's outputs relate to its inputs, from its schema: fresh storage, a view (the same
-# storage: nothing to do), or an argument whose storage may have changed size: an ``out=``
-# argument, or ``resize_`` and its kin. An in-place op writes its argument's storage but
-# cannot resize it, so it is a view here; most of an optimizer's ops are in place, and each
-# op the tracker looks at costs microseconds. ``_unsafe_view`` returns a view without saying
-# so in its schema.
-_FRESH, _VIEW, _MUTATED = 0, 1, 2
-_UNANNOTATED_VIEWS = frozenset(("_unsafe_view", "_reshape_alias", "alias"))
-_RESIZING = frozenset(("resize_", "resize_as_", "set_", "_resize_output_", "sparse_resize_"))
-# torch.tensor() builds its data out of the modes' sight, then hands it to them through
-# lift_fresh, whose schema says it returns its argument: that is the tensor's allocation.
-_LIFTED = frozenset(("lift_fresh", "lift"))
-
-
-def _output_kind(func: Any) -> int:
-    schema = func._schema
-    name = schema.name.split("::")[-1]
-    if name in _LIFTED:
-        return _FRESH
-    if name in _UNANNOTATED_VIEWS:
-        return _VIEW
-    if name in _RESIZING or any(
-        a.kwarg_only and a.alias_info is not None and a.alias_info.is_write
-        for a in schema.arguments
-    ):
-        return _MUTATED
-    if any(r.alias_info is not None for r in schema.returns):
-        return _VIEW
-    return _FRESH
-
 
 _compiler = torch.compiler
 
@@ -131,61 +98,6 @@ def on_cpu(t: Any) -> bool:
 _Tensor = torch.Tensor
 _current_graph_task = torch._C._current_graph_task_id
 _grad_enabled = torch.is_grad_enabled
-
-
-def _output_kind(func: Any) -> int:
-    returns = func._schema.returns
-    name = func._schema.name.split("::")[-1]
-    if name in _LIFTED:
-        return _FRESH
-    if name in _UNANNOTATED_VIEWS:
-        return _VIEW
-    kind = _FRESH
-    for ret in returns:
-        info = ret.alias_info
-        if info is not None:
-            if info.is_write:
-                return _MUTATED
-            kind = _VIEW
-    return kind
-
-
-class _StorageMode(TorchDispatchMode):
-    """The dispatch mode: runs each op, then tells the tracker about its outputs."""
-
-    def __init__(self, tracker: TensorTracker) -> None:
-        super().__init__()
-        self.tracker = tracker
-
-    @classmethod
-    def ignore_compile_internals(cls) -> bool:
-        return True
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        return False
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        __tracebackhide__ = True
-        out = func._op(*args, **kwargs) if kwargs else func._op(*args)
-        tracker = self.tracker
-        if tracker.active:
-            try:
-                # by id: OpOverload's __hash__ is Python code, and each op is one object
-                kind = tracker.kinds.get(id(func))
-                if kind is None:
-                    kind = tracker.kinds[id(func)] = _output_kind(func)
-                if kind != _VIEW:
-                    fresh = kind == _FRESH
-                    if type(out) is tracker.tensor_type:
-                        tracker.see(out, fresh)
-                    elif type(out) is tuple or type(out) is list:
-                        for item in out:
-                            if type(item) is tracker.tensor_type:
-                                tracker.see(item, fresh)
-            except Exception as exc:  # the tracker's own failure never reaches the cell
-                tracker.fail(exc)
-        return out
 
 
 class TensorTracker:
@@ -216,7 +128,7 @@ class TensorTracker:
         self.rounding = rounding
         self.tensor_type = tensor_type or _Tensor
         self.ledger = Ledger(EventLog() if events else None)
-        self.kinds: dict[int, int] = {}  # id(OpOverload) -> _FRESH, _VIEW or _MUTATED
+        self.kinds: dict[int, int] = {}  # id(OpOverload) -> FRESH, VIEW or MUTATED
         self._cpu_only = keep is on_cpu  # the common case, tested inline on the hot path
         self.active = False
         self.unseen = 0  # mutated outputs whose storage was never seen (made out of sight)
@@ -232,7 +144,7 @@ class TensorTracker:
         self._optimizers: list[weakref.ref[Any]] = []
         self._in_step = 0
         self._hooks: list[Any] = []
-        self._mode: _StorageMode | None = None
+        self._mode: StorageMode | None = None
         self._on_free = self._freed  # one bound method for every weak reference
         self._walked_ns = 0
         self._walked_statements: set[int] = set()
@@ -244,7 +156,7 @@ class TensorTracker:
         """Register what is alive now, then install the mode and the hooks."""
         self._register_existing()
         self.ledger.begin(-1)
-        _skip_in_dynamo()
+        skip_in_dynamo(f for f in vars(TensorTracker).values() if callable(f))
         from torch.nn.modules import module as nn_module
         from torch.optim import optimizer as optim
 
@@ -254,7 +166,7 @@ class TensorTracker:
             optim.register_optimizer_step_pre_hook(self._step_starts),
             optim.register_optimizer_step_post_hook(self._step_ends),
         ]
-        self._mode = _StorageMode(self)
+        self._mode = StorageMode(self)
         self._mode.__enter__()
         self.active = True
 
@@ -265,7 +177,7 @@ class TensorTracker:
             handle.remove()
         self._hooks = []
         if self._mode is not None:
-            _leave_mode(self._mode)
+            leave_mode(self._mode)
             self._mode = None
         self._stack.clear()
 
@@ -411,7 +323,7 @@ class TensorTracker:
         self._in_step = max(self._in_step - 1, 0)
         try:
             for state in list(optimizer.state.values()):
-                for t in _tensors_in(state):
+                for t in tensors_in(state):
                     self._classify_tensor(t, OPTIMIZER)
         except Exception as exc:
             self.fail(exc)
@@ -474,17 +386,17 @@ class TensorTracker:
         named: set[int] = set()
         new_objects = False
         module_t, optim_t = torch.nn.Module, torch.optim.Optimizer
-        for _name, value in _user_items(self.namespace):
+        for _name, value in user_items(self.namespace):
             kind = type(value)
             if issubclass(kind, _Tensor):
                 self._name_tensor(value, named)
             elif kind is list or kind is tuple:
-                if len(value) <= _CONTAINER_MAX:
+                if len(value) <= CONTAINER_MAX:
                     for v in value:
                         if issubclass(type(v), _Tensor):
                             self._name_tensor(v, named)
             elif kind is dict:
-                if len(value) <= _CONTAINER_MAX:
+                if len(value) <= CONTAINER_MAX:
                     for v in list(value.values()):
                         if issubclass(type(v), _Tensor):
                             self._name_tensor(v, named)
@@ -502,7 +414,7 @@ class TensorTracker:
         """Parameters, buffers, gradients and optimizer state of every model and optimizer
         the namespace names or the cell stepped: each becomes its category."""
         classify = self._classify_tensor
-        modules, optimizers = _models_in(self.namespace)
+        modules, optimizers = models_in(self.namespace)
         self._known_models = {id(m) for m in (*modules, *optimizers)}
         for ref in self._optimizers:
             opt = ref()
@@ -518,7 +430,7 @@ class TensorTracker:
             for group in opt.param_groups:
                 params.extend(group["params"])
             for state in list(opt.state.values()):
-                for t in _tensors_in(state):
+                for t in tensors_in(state):
                     classify(t, OPTIMIZER)
         for p in params:
             classify(p, PARAMETERS)
@@ -527,7 +439,7 @@ class TensorTracker:
 
     # -- what was alive at the start -----------------------------------------------------------
     def _register_existing(self) -> None:
-        modules, optimizers = _models_in(self.namespace)
+        modules, optimizers = models_in(self.namespace)
         self._known_models = {id(m) for m in (*modules, *optimizers)}
         for m in modules:
             for p in m.parameters():
@@ -543,11 +455,11 @@ class TensorTracker:
                     if p.grad is not None:
                         self._existing(p.grad, GRADIENTS)
             for state in list(opt.state.values()):
-                for t in _tensors_in(state):
+                for t in tensors_in(state):
                     self._existing(t, OPTIMIZER)
         roots: list[Any] = []
-        for _name, value in _user_items(self.namespace):
-            for t in _named_values(value):
+        for _name, value in user_items(self.namespace):
+            for t in named_values(value):
                 if t.is_leaf and t.requires_grad and t.grad is not None:
                     self._existing(t.grad, GRADIENTS)
                 rec = self._existing(t, INPUTS)
@@ -555,10 +467,10 @@ class TensorTracker:
                     self._named_recs[rec.key] = rec
                 if t.grad_fn is not None:
                     roots.append(t.grad_fn)
-        for t in _saved_by_graphs(roots):
+        for t in saved_by_graphs(roots):
             self._existing(t, ACTIVATIONS)
-        for value in _history(self.namespace):
-            for t in _named_values(value):
+        for value in history(self.namespace):
+            for t in named_values(value):
                 self._existing(t, OTHER)
 
     def _existing(self, t: Any, cat: int) -> Record | None:
@@ -579,7 +491,7 @@ class TensorTracker:
         """Module token -> its name as the namespace names it (``model.layer3.0.conv1``);
         a module no name reaches is named by its class."""
         names: dict[int, str] = {}
-        modules, _ = _models_in(self.namespace, with_names=True)
+        modules, _ = models_in(self.namespace, with_names=True)
         for name, module in modules:
             try:
                 for sub, child in module.named_modules():
@@ -593,171 +505,6 @@ class TensorTracker:
         for token, cls in self.module_classes.items():
             names.setdefault(token, f"{cls} (no name reaches it)")
         return names
-
-
-# ---------------------------------------------------------------------------------------------
-# Helpers: reading the namespace without letting any user object break the magic
-
-
-def _user_items(namespace: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
-    """The user's names (not IPython's history, not private names)."""
-    for name, value in list(namespace.items()):
-        if name.startswith("_") or name in _SKIPPED_NAMES:
-            continue
-        yield name, value
-
-
-def _history(namespace: Mapping[str, Any]) -> Iterator[Any]:
-    """What IPython's output history keeps alive: ``Out`` and ``_``, ``__``, ``___``."""
-    out = namespace.get("Out")
-    if type(out) is dict:
-        yield from list(out.values())
-    for name in ("_", "__", "___"):
-        if name in namespace:
-            yield namespace[name]
-
-
-def _named_values(value: Any) -> Iterator[Any]:
-    """The tensors a name holds: itself, or the elements of a small list, tuple or dict."""
-    kind = type(value)  # type() never raises, unlike isinstance on a lazy proxy
-    if issubclass(kind, _Tensor):
-        yield value
-    elif kind in (list, tuple) and len(value) <= _CONTAINER_MAX:
-        yield from (v for v in value if issubclass(type(v), _Tensor))
-    elif kind is dict and len(value) <= _CONTAINER_MAX:
-        yield from (v for v in list(value.values()) if issubclass(type(v), _Tensor))
-
-
-def _models_in(namespace: Mapping[str, Any], with_names: bool = False) -> tuple[list[Any], list[Any]]:
-    modules: list[Any] = []
-    optimizers: list[Any] = []
-    module_t, optim_t = torch.nn.Module, torch.optim.Optimizer
-    for name, value in _user_items(namespace):
-        kind = type(value)
-        if issubclass(kind, module_t):
-            modules.append((name, value) if with_names else value)
-        elif issubclass(kind, optim_t):
-            optimizers.append((name, value) if with_names else value)
-    return modules, optimizers
-
-
-def _tensors_in(state: Any) -> Iterable[Any]:
-    values = state.values() if type(state) is dict else ()
-    return [v for v in values if issubclass(type(v), _Tensor)]
-
-
-_saved_names: dict[type, tuple[str, ...]] = {}
-
-
-def _saved_by_graphs(roots: list[Any]) -> Iterator[Any]:
-    """Tensors the autograd graphs under ``roots`` keep for backward (each node's
-    ``_saved_*`` attributes; those already freed by a backward pass raise and are skipped)."""
-    seen: set[int] = set()
-    stack = list(roots)
-    while stack and len(seen) < _GRAPH_NODES_MAX:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        kind = type(node)
-        names = _saved_names.get(kind)
-        if names is None:
-            names = _saved_names[kind] = tuple(
-                a for a in dir(node) if a.startswith("_saved_")
-            )
-        for attr in names:
-            try:
-                value = getattr(node, attr)
-            except Exception:  # freed by a backward pass, or not a tensor
-                continue
-            if issubclass(type(value), _Tensor):
-                yield value
-            elif type(value) in (list, tuple):
-                yield from (v for v in value if issubclass(type(v), _Tensor))
-        try:
-            nexts = node.next_functions
-        except Exception:
-            continue
-        stack.extend(n for n, _ in nexts if n is not None)
-
-
-def drop_own_frames(error: BaseException) -> None:
-    """Take the census's dispatch frame out of ``error``'s traceback (and its context's).
-
-    An op that raises under the census raises out of ``__torch_dispatch__``, so that frame is
-    the innermost of the traceback, and IPython shows the innermost frame even when it asks
-    to be hidden (``__tracebackhide__``). Without the census the innermost frame is the
-    cell's own line (the op is C++), and so it is again once the frame is unlinked."""
-    code = _StorageMode.__torch_dispatch__.__code__
-    seen: set[int] = set()
-    exc: BaseException | None = error
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        tb = exc.__traceback__
-        while tb is not None and tb.tb_frame.f_code is code:
-            tb = tb.tb_next
-        if tb is not exc.__traceback__:
-            exc.__traceback__ = tb
-        while tb is not None:
-            nxt = tb.tb_next
-            while nxt is not None and nxt.tb_frame.f_code is code:
-                nxt = nxt.tb_next
-            tb.tb_next = nxt
-            tb = nxt
-        exc = exc.__context__
-
-
-def _leave_mode(mode: TorchDispatchMode) -> None:
-    """Take ``mode`` off the dispatch mode stack, wherever the cell left it: a cell that
-    entered a mode of its own without leaving it keeps that mode."""
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
-    stack = _get_current_dispatch_mode_stack()
-    if stack and stack[-1] is mode:
-        mode.__exit__(None, None, None)
-        return
-    if not any(m is mode for m in stack):
-        return
-    from torch.utils._python_dispatch import _pop_mode, _push_mode
-
-    above = []
-    while True:
-        top = _pop_mode()
-        if top is mode:
-            break
-        above.append(top)
-    for m in reversed(above):
-        _push_mode(m)
-
-
-_skipped = False
-
-
-def _skip_in_dynamo() -> None:
-    """Mark the tracker's functions for Dynamo to run as they are (never trace them): its
-    frame callback may meet them while a compiled region runs."""
-    global _skipped
-    if _skipped:
-        return
-    try:
-        from torch._C._dynamo import eval_frame
-
-        strategy = eval_frame._FrameExecStrategy(
-            eval_frame._FrameAction.SKIP, eval_frame._FrameAction.DEFAULT
-        )
-        codes = [
-            fn.__code__
-            for fn in (
-                _StorageMode.__torch_dispatch__,
-                *(f for f in vars(TensorTracker).values() if callable(f) and hasattr(f, "__code__")),
-            )
-        ]
-        for code in codes:
-            eval_frame.set_code_exec_strategy(code, strategy)
-    except Exception:  # an older torch without this API: Dynamo skips modes there anyway
-        pass
-    _skipped = True
-
 
 
 class TensorMemory:
