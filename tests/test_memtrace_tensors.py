@@ -340,3 +340,27 @@ def test_demo_shows_optimizer_state_at_the_first_step_not_the_constructor(tmp_pa
     # the highest peak is the forward or the backward line
     top = t.lines.sort_values("peak_bytes").iloc[-1]
     assert "backward" in top.source or "model(x)" in top.source
+
+
+def test_out_of_memory_inside_a_module_releases_its_activations(ip, run):
+    """The census learns which module made a tensor from the stack, not from global module
+    hooks: with any global hook, Module.__call__ keeps its arguments in a closure that the
+    error's traceback holds, and the failed forward's activations would stay allocated."""
+    run(
+        "import weakref\n"
+        "refs = []\n"
+        "class Boom(nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        refs.append(weakref.ref(x))\n"
+        "        return torch.empty(2**45, dtype=torch.uint8)\n"
+        "model = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), Boom())\n"
+    )
+    r = run("%%memtrace -q\nlogits = model(torch.randn(64, 256))\n")
+    assert isinstance(r.result.error_in_exec, RuntimeError)
+    gc.collect()
+    assert ip.user_ns["refs"][0]() is None, "the GELU's output outlived the failed call"
+    t = ip.user_ns["_memtrace"]
+    # the input, the Linear's output (kept by GELU) and the GELU's output (Boom's x)
+    assert t.oom.released == 64 * 256 * 4 + 2 * 64 * 1024 * 4
+    assert t.net_change == 0
+    assert dict(t.oom.activations)["model.0"] == 64 * 1024 * 4

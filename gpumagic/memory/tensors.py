@@ -23,10 +23,11 @@ Why a dispatch mode, measured on this machine (torch 2.13 CPU build, 2 shared co
   are told by how a tensor was made and what holds it (:mod:`gpumagic.memory.categories`).
 
 The cell behaves as without the magic (:mod:`gpumagic.memory.dispatch` says how for the
-mode); the module and optimizer hooks are global, present only while the cell runs, and do
-nothing while Dynamo traces (``torch.compiler.is_compiling()``); a failure of the tracker's
-own code is recorded (:attr:`TensorTracker.errors`), stops tracking, and never reaches the
-cell.
+mode); the optimizer hooks are global, present only while the cell runs, and do nothing
+while Dynamo traces (``torch.compiler.is_compiling()``); which module made a tensor is read
+off the Python stack, not from module hooks (:meth:`TensorTracker._running_module` says
+why); a failure of the tracker's own code is recorded (:attr:`TensorTracker.errors`), stops
+tracking, and never reaches the cell.
 
 Tensors from before the cell count when something reaches them at its start: a name in the
 namespace (or a small container), a model, an optimizer, the output history, or the autograd
@@ -36,9 +37,11 @@ none to read; on CUDA the caching allocator's counters stay the source of the to
 
 from __future__ import annotations
 
+import sys
 import time
 import weakref
 from collections.abc import Callable, Mapping
+from types import FrameType
 from typing import Any
 
 import torch
@@ -96,6 +99,10 @@ def on_cpu(t: Any) -> bool:
 
 
 _Tensor = torch.Tensor
+_Module = torch.nn.Module
+# How far up the stack the owner of an allocation is looked for: an op is called a few frames
+# below its module's forward (a functional wrapper, a helper).
+_MODULE_DEPTH = 12
 _current_graph_task = torch._C._current_graph_task_id
 _grad_enabled = torch.is_grad_enabled
 
@@ -140,7 +147,6 @@ class TensorTracker:
         self._module_ids: dict[int, int] = {}  # id(module) -> token
         self._module_refs: dict[int, weakref.ref[Any]] = {}  # token -> module
         self.module_classes: dict[int, str] = {}  # token -> class name
-        self._stack: list[int] = []  # modules running now, innermost last
         self._optimizers: list[weakref.ref[Any]] = []
         self._in_step = 0
         self._hooks: list[Any] = []
@@ -157,12 +163,9 @@ class TensorTracker:
         self._register_existing()
         self.ledger.begin(-1)
         skip_in_dynamo(f for f in vars(TensorTracker).values() if callable(f))
-        from torch.nn.modules import module as nn_module
         from torch.optim import optimizer as optim
 
         self._hooks = [
-            nn_module.register_module_forward_pre_hook(self._module_entered),
-            nn_module.register_module_forward_hook(self._module_left, always_call=True),
             optim.register_optimizer_step_pre_hook(self._step_starts),
             optim.register_optimizer_step_post_hook(self._step_ends),
         ]
@@ -179,7 +182,6 @@ class TensorTracker:
         if self._mode is not None:
             leave_mode(self._mode)
             self._mode = None
-        self._stack.clear()
 
     def close(self) -> None:
         """Let go of every storage: no callback fires after this."""
@@ -224,7 +226,7 @@ class TensorTracker:
             key,
             -(-n // r) * r if r > 1 else n,
             PENDING,
-            self._stack[-1] if self._stack else 0,
+            self._running_module() if born == FORWARD else 0,
             born,
             ledger.serial,
             ledger.statement,
@@ -273,26 +275,31 @@ class TensorTracker:
         except Exception as exc:  # a weakref callback must not print "Exception ignored"
             self.fail(exc)
 
-    # -- hooks ---------------------------------------------------------------------------------
-    def _module_entered(self, module: Any, args: Any) -> None:
-        if _compiler.is_compiling() or not self.active:
-            return
-        try:
-            token = self._module_ids.get(id(module))
-            if token is None or self._module_refs[token]() is not module:
-                token = self._meet(module)
-            self._stack.append(token)
-        except Exception as exc:
-            self.fail(exc)
+    # -- which module is running ---------------------------------------------------------------
+    def _running_module(self) -> int:
+        """The token of the innermost ``nn.Module.forward`` on the Python stack (0: none).
 
-    def _module_left(self, module: Any, args: Any, output: Any) -> None:
-        if _compiler.is_compiling() or not self.active:
-            return
-        if self._stack:
-            self._stack.pop()
+        Read off the stack rather than from global module hooks: any global hook sends every
+        ``Module.__call__`` down torch's slow path, which keeps the call's arguments in a
+        closure that the traceback of an error holds on to, so the activations of a forward
+        pass that ran out of memory would outlive the release of the failed call's frames.
+        The stack is read for tensors a forward pass makes (the activations' owners)."""
+        frame: FrameType | None = sys._getframe(3)  # above see(), the handler, the op's caller
+        depth = 0
+        while frame is not None and depth < _MODULE_DEPTH:
+            if frame.f_code.co_name == "forward":
+                module = frame.f_locals.get("self")
+                if module is not None and issubclass(type(module), _Module):
+                    token = self._module_ids.get(id(module))
+                    if token is None or self._module_refs[token]() is not module:
+                        token = self._meet(module)
+                    return token
+            frame = frame.f_back
+            depth += 1
+        return 0
 
     def _meet(self, module: Any) -> int:
-        """A module's first call in the cell: a token for it, and its tensors are parameters."""
+        """A module first seen making a tensor: a token for it, and its tensors are parameters."""
         token = len(self._module_refs) + 1
         self._module_ids[id(module)] = token
         self._module_refs[token] = weakref.ref(module)
@@ -340,7 +347,6 @@ class TensorTracker:
     def settle(self, statement: int) -> Settled:
         """End the open statement (classifying what it left alive) and open ``statement``."""
         self._in_step = 0
-        self._stack.clear()
         try:
             return self.ledger.settle(self._classify, statement)
         except Exception as exc:
