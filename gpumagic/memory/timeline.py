@@ -66,14 +66,20 @@ class AtPeak:
     categories: dict[str, int]
     modules: dict[str, int] = field(default_factory=dict)
 
-    def blocks(self, depth: int = 2) -> dict[str, int]:
+    def blocks(self, depth: int | None = None) -> dict[str, int]:
         """Activations by module, added up to ``depth`` dotted parts (``model.layer3`` for
-        ``model.layer3.0.conv1`` at depth 2), largest first."""
+        ``model.layer3.0.conv1`` at depth 2), largest first. By default the shallowest depth
+        from 2 that splits them into at least four blocks (a ResNet's stages, a transformer's
+        layers), or the modules themselves."""
+        if depth is not None:
+            return _added_up(self.modules, depth)
+        deepest = max((name.count(".") + 1 for name in self.modules), default=2)
         out: dict[str, int] = {}
-        for name, n in self.modules.items():
-            head = name if " " in name else ".".join(name.split(".")[:depth])
-            out[head] = out.get(head, 0) + n
-        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+        for d in range(2, max(deepest, 2) + 1):
+            out = _added_up(self.modules, d)
+            if len(out) >= 4:
+                break
+        return out
 
     @property
     def activations(self) -> int:
@@ -84,6 +90,14 @@ class AtPeak:
         mods = ", ".join(f"{k}: {fmt_bytes(v)}" for k, v in list(self.blocks().items())[:5])
         head = f"at the peak, {fmt_bytes(self.total)} during line {self.line} ({self.source!r}): {cats}"
         return head + (f"; activations by module: {mods}" if mods else "")
+
+
+def _added_up(modules: Mapping[str, int], depth: int) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for name, n in modules.items():
+        head = name if " " in name else ".".join(name.split(".")[:depth])
+        out[head] = out.get(head, 0) + n
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def at_peak_of(
