@@ -333,8 +333,8 @@ def test_demo_shows_optimizer_state_at_the_first_step_not_the_constructor(tmp_pa
     assert demo(tmp_path) == 0
     t = InteractiveShell.instance().user_ns["demo_trace"]
     lines = rows(t)
-    adam = [ln for ln, src in zip(t.lines.line, t.lines.source) if "Adam(" in src][0]
-    step = [ln for ln, src in zip(t.lines.line, t.lines.source) if src.startswith("optimizer.step")][0]
+    adam = next(ln for ln, src in zip(t.lines.line, t.lines.source) if "Adam(" in src)
+    step = next(ln for ln, src in zip(t.lines.line, t.lines.source) if src.startswith("optimizer.step"))
     assert lines.loc[adam, "optimizer_bytes"] == 0 and lines.loc[adam, "delta_bytes"] == 0
     assert lines.loc[step, "optimizer_bytes"] >= 2 * lines.loc[step, "params_bytes"]
     # the highest peak is the forward or the backward line
