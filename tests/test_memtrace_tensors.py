@@ -364,3 +364,49 @@ def test_out_of_memory_inside_a_module_releases_its_activations(ip, run):
     assert t.oom.released == 64 * 256 * 4 + 2 * 64 * 1024 * 4
     assert t.net_change == 0
     assert dict(t.oom.activations)["model.0"] == 64 * 1024 * 4
+
+
+def test_the_census_runs_unchanged_on_fake_tensors():
+    """The engine a dry run (%%memfit) builds on: the same step on FakeTensorMode's tensors
+    gives the same bytes, peaks and categories as on real ones, allocating nothing."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from gpumagic.memory.tensors import TensorTracker, on_cpu
+
+    def step(census):
+        torch.manual_seed(0)
+        ns = {"model": torch.nn.Sequential(
+            torch.nn.Linear(128, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)
+        )}  # fmt: skip
+        ns["opt"] = torch.optim.Adam(ns["model"].parameters())
+        census.namespace = ns
+        census.settle(0)
+        ns["x"] = torch.randn(64, 128)
+        ns["loss"] = ns["model"](ns["x"]).sum()
+        settled = [census.settle(1)]
+        ns["loss"].backward()
+        settled.append(census.settle(2))
+        ns["opt"].step()
+        settled.append(census.settle(3))
+        return settled
+
+    real = TensorTracker({}, on_cpu)
+    real.start()
+    try:
+        expected = step(real)
+    finally:
+        real.close()
+    with FakeTensorMode():
+        fake = TensorTracker({}, on_cpu, tensor_type=FakeTensor)
+        fake.start()
+        try:
+            got = step(fake)
+        finally:
+            fake.close()
+    assert [s.peak for s in got] == [s.peak for s in expected]
+    assert [s.after for s in got] == [s.after for s in expected]
+    assert [s.at_peak for s in got] == [s.at_peak for s in expected]
+    # the ReLU's output kept for backward; x and loss are named
+    assert expected[0].after[CATEGORIES.index("activations")] == 64 * 256 * 4
+    assert expected[0].after[CATEGORIES.index("inputs")] == 64 * 128 * 4 + 4
+    assert expected[2].after[CATEGORIES.index("optimizer state")] > 0
