@@ -155,6 +155,10 @@ def test_at_peak_names_the_activations_by_module(ip, run):
     html = ip.user_ns["_memtrace"]._html()
     assert "Activations by module: net.1" in html or "Activations by module: net.3" in html
     assert 'class="gm-memchart"' in html
+    chart = html[html.index('class="gm-memchart"') :]
+    chart = chart[: chart.index("</svg>")]
+    assert chart.count("<line ") == 3  # a rule at each statement's start
+    assert "<title>activations</title>" in chart and "peak " in chart
 
 
 def test_timeline_is_long_form_by_category(ip, run):

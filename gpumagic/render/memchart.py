@@ -136,10 +136,10 @@ def _frame_and_axis(pad_l: int, pad_t: int, pw: int, ph: int, y_max: float) -> l
     return [
         f'<rect x="{pad_l}" y="{pad_t}" width="{pw}" height="{ph}" fill="none" '
         'stroke="rgba(128,128,128,0.5)" stroke-width="0.5"/>',
-        f'<text x="{pad_l - 3}" y="{pad_t + ph + 3}" text-anchor="end" fill="#888">0 B</text>',
+        f'<text x="{pad_l - 3}" y="{pad_t + ph}" text-anchor="end" fill="#888">0 B</text>',
         f'<text x="{pad_l - 3}" y="{pad_t + 3}" text-anchor="end" fill="#888">'
         f"{escape(fmt_bytes(y_max))}</text>",
-        f'<text x="{pad_l - 3}" y="{pad_t + ph + 10}" text-anchor="end" fill="#888">line</text>',
+        f'<text x="{pad_l - 3}" y="{pad_t + ph + 11}" text-anchor="end" fill="#888">line</text>',
     ]
 
 
