@@ -39,9 +39,10 @@ def row(trace, line):
     return rows.iloc[0]
 
 
-def test_known_allocation_delta_peak_and_release(ip, run):
+@pytest.mark.parametrize("census", [True, False], ids=["tensors", "rss"])
+def test_known_allocation_delta_peak_and_release(ip, run, census):
     r = run(
-        "%%memtrace -q\n"
+        f"%%memtrace -q {'' if census else '--no-tensors'}\n"
         "import torch\n"
         "a = torch.zeros(16 * 2**20, dtype=torch.float32)\n"  # 64 MiB, pages touched
         "b = (a * 2).sum()\n"  # a 64 MiB temporary, freed before the line ends
@@ -57,8 +58,16 @@ def test_known_allocation_delta_peak_and_release(ip, run):
     assert abs(temp.delta_bytes) < 8 * MiB, "but not in the delta"
     release = row(t, 5)
     assert -70 * MiB <= release.delta_bytes <= -60 * MiB
-    # host columns equal the device columns when the device is the host
-    assert alloc.host_delta_bytes == alloc.delta_bytes
+    if census:
+        # the device columns are the CPU's tensors, exactly; the host columns its RSS pages
+        assert t.device.label == "cpu" and not t.device.pages
+        assert alloc.delta_bytes == 64 * MiB and release.delta_bytes == -64 * MiB
+        assert temp.peak_bytes == 64 * MiB + 4  # the temporary, and the scalar sum
+        assert 62 * MiB <= alloc.host_delta_bytes <= 70 * MiB
+    else:
+        # host columns equal the device columns when the device is the host's RSS
+        assert t.device.pages
+        assert alloc.host_delta_bytes == alloc.delta_bytes
     assert set(t.lines.columns) >= {
         "line", "source", "hits", "delta_bytes", "peak_bytes", "allocated_bytes",
         "reserved_bytes", "host_delta_bytes", "host_peak_bytes",
@@ -301,7 +310,8 @@ def test_many_iterations_keep_the_timeline_bounded(ip, run):
     assert r.result.success
     t = ip.user_ns["_memtrace"]
     assert dict(zip(t.lines["line"], t.lines["hits"]))[3] == 20000
-    assert len(t.timeline) <= 4097
+    assert len(t.points) <= 4097  # the tracer's points (MemTrace.timeline is their DataFrame)
+    assert len(t.timeline) <= 2 * 7 * len(t.points)
 
 
 def test_live_view_html_from_probe_data(ip):

@@ -38,6 +38,11 @@ PARSER.add_argument(
     action="store_true",
     help="synchronise the CUDA device at each statement, so its time includes its GPU work",
 )
+PARSER.add_argument(
+    "--no-tensors",
+    action="store_true",
+    help="no tensor census (no categories): the CUDA allocator's counters alone, or the host's RSS",
+)
 
 
 @magics_class
@@ -49,11 +54,16 @@ class MemtraceMagics(Magics):
     def memtrace(self, line: str, cell: str | None = None) -> Any:
         """Per-statement memory accounting: one row per statement of the cell.
 
+        Counts tensor bytes on the traced device (CUDA, else the CPU) by category:
+        parameters, gradients, optimizer state, activations, temporaries, inputs, other.
         The result (``_memtrace``, and NAME with -o NAME) has ``.lines``, a DataFrame with
-        line, source, hits, delta_bytes, peak_bytes, allocated_bytes, reserved_bytes,
-        host_delta_bytes, host_peak_bytes (and params/grads/optimizer/other when the
-        namespace holds models), and ``.plot()``. Per-statement peaks reset the device's
-        peak counter (``torch.cuda.max_memory_allocated``) at each statement.
+        line, source, hits, delta_bytes (summed over hits), delta_per_hit_bytes,
+        peak_bytes (the highest hit), allocated_bytes, reserved_bytes, host_delta_bytes,
+        host_peak_bytes (the process's RSS) and one ``<category>_bytes`` column per
+        category; ``.timeline`` (memory by category over the cell), ``.at_peak`` (what was
+        alive at the peak, activations by module), ``.export_memory_viz(path)`` and
+        ``.plot()``. Per-statement peaks reset the device's peak counter
+        (``torch.cuda.max_memory_allocated``) at each statement.
 
         On CUDA the ``time`` column is host time (kernels run asynchronously); ``--sync``
         waits for the device at each statement boundary so each time includes the GPU work
@@ -83,6 +93,7 @@ class MemtraceMagics(Magics):
                 opts.device,
                 sync=opts.sync,
                 cell_filename=prepared.filename,
+                tensors=not opts.no_tensors,
             )
         except DeviceError as exc:
             raise PARSER.usage_error(str(exc)) from None

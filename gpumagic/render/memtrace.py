@@ -5,11 +5,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpumagic.device_kinds import HOST
+from gpumagic.device_kinds import CUDA
+from gpumagic.memory.categories import ACTIVATIONS, CATEGORIES, SHORT
 from gpumagic.memory.oom import OomReport
-from gpumagic.memory.report import BREAKDOWN_COLUMNS
+from gpumagic.memory.report import BREAKDOWN_COLUMNS, CATEGORY_COLUMNS
 from gpumagic.render.html import PALETTE, escape, wrap
-from gpumagic.render.sections import Box, Bullets, KeyValues, Paragraph, Report, Section
+from gpumagic.render.memchart import memory_chart_image
+from gpumagic.render.sections import (
+    Box,
+    Bullets,
+    Figure,
+    KeyValues,
+    Paragraph,
+    Report,
+    Section,
+)
 from gpumagic.render.svg import Chart, Series, chart_image
 from gpumagic.render.table import Bar, Column, Table
 from gpumagic.units import fmt_bytes, fmt_count, fmt_us
@@ -17,6 +27,7 @@ from gpumagic.units import fmt_bytes, fmt_count, fmt_us
 if TYPE_CHECKING:
     from gpumagic.memory.report import MemTrace
     from gpumagic.memory.run import MemtraceStatus
+    from gpumagic.memory.timeline import AtPeak
 
 
 GROWTH, RELEASE, PEAK = PALETTE["alloc"], PALETTE["free"], PALETTE["peak"]
@@ -29,12 +40,19 @@ def first_line(source: str) -> str:
     return first + (" …" if "\n" in source else "")
 
 
+def _looped(t: MemTrace) -> bool:
+    return any(h > 1 for h in t.hits)
+
+
 def _lines_table(t: MemTrace) -> Table:
     rows = [
         {**row, "heaviest": heavy}
         for row, heavy in zip(t.lines.to_dict("records"), t.heaviest)
     ]
-    scale = max([abs(r["delta_bytes"]) for r in rows] + [r["peak_bytes"] for r in rows] + [1])
+    scale = max(
+        [abs(r["delta_per_hit_bytes"]) for r in rows] + [r["peak_bytes"] for r in rows] + [1]
+    )
+    looped = _looped(t)
     columns = [
         Column("line", "line", align="left"),
         Column(
@@ -45,24 +63,38 @@ def _lines_table(t: MemTrace) -> Table:
             tooltip=lambda r: r["source"],
         ),
         Column("hits", "hits", fmt_count),
-        Column(t.time_label, "time_us", fmt_us),
+        Column(t.time_label + (" (all hits)" if looped else ""), "time_us", fmt_us),
         Column(
-            "Δ allocated",
-            "delta_bytes",
+            "Δ per hit" if looped else "Δ allocated",
+            "delta_per_hit_bytes",
             lambda v: fmt_bytes(v, signed=True),
             bar=Bar(scale, lambda v: GROWTH if v > 0 else RELEASE),
         ),
-        Column("peak in statement", "peak_bytes", fmt_bytes, bar=Bar(scale, PEAK)),
+        Column(
+            "peak (highest hit)" if looped else "peak in statement",
+            "peak_bytes",
+            fmt_bytes,
+            bar=Bar(scale, PEAK),
+        ),
         Column("allocated after", "allocated_bytes", fmt_bytes),
     ]
-    # On the host, allocated and reserved are both the RSS: one column says it.
-    if t.device.kind != HOST:
+    if t.device.kind == CUDA:
+        columns.append(Column("reserved after", "reserved_bytes", fmt_bytes))
+    if not t.device.pages:
+        # The traced bytes are tensors: the process's pages beside them (RSS counts library
+        # code paged in and blocks the C library keeps, not tensors).
+        # (host_peak_bytes stays in .lines: the table is wide enough with the categories)
+        columns.append(
+            Column("host RSS Δ", "host_delta_bytes", lambda v: fmt_bytes(v, signed=True))
+        )
+    if t.has_categories:
+        lines = t.lines
         columns += [
-            Column("reserved after", "reserved_bytes", fmt_bytes),
-            Column("host Δ", "host_delta_bytes", lambda v: fmt_bytes(v, signed=True)),
-            Column("host peak", "host_peak_bytes", fmt_bytes),
+            Column(header, key, fmt_bytes)
+            for header, key in zip(SHORT, CATEGORY_COLUMNS)
+            if lines[key].fillna(0).astype(bool).any()  # a category no row holds is left out
         ]
-    if t.has_breakdown:
+    elif t.has_breakdown:
         columns += [
             Column(header, key, fmt_bytes)
             for header, key in zip(("params", "grads", "optimizer", "other"), BREAKDOWN_COLUMNS)
@@ -79,24 +111,63 @@ def _summary(t: MemTrace) -> KeyValues:
     items = [
         ("cell peak", f"{fmt_bytes(t.cell_peak)} ({fmt_bytes(t.peak_above_start, signed=True)})"),
         ("net change", fmt_bytes(t.net_change, signed=True)),
-        ("reserved at end", fmt_bytes(t.final_reserved)),
     ]
-    if t.device.kind != HOST:
+    if t.device.kind == CUDA:
+        items.append(("reserved at end", fmt_bytes(t.final_reserved)))
+    if not t.device.pages:
         items.append(("host RSS change", fmt_bytes(t.host_final - t.host_initial, signed=True)))
     items.append(("time", fmt_us(t.elapsed_ns / 1000)))
     return KeyValues(items, inline="")
 
 
+def _categories_text(categories: dict[str, int]) -> str:
+    return ", ".join(f"{name} {fmt_bytes(n)}" for name, n in categories.items() if n)
+
+
+def at_peak_section(peak: AtPeak) -> Section:
+    """What was alive at the cell's highest moment, and whose activations."""
+    head = (
+        f"At the peak ({fmt_bytes(peak.total)}, during line {peak.line}"
+        + (f", hit {fmt_count(peak.hit)}" if peak.hit > 1 else "")
+        + f"): {_categories_text(peak.categories)}."
+    )
+    blocks = peak.blocks()
+    if blocks and peak.activations:
+        shown = list(blocks.items())[:6]
+        rest = sum(n for _, n in list(blocks.items())[6:])
+        mods = ", ".join(f"{name} {fmt_bytes(n)}" for name, n in shown)
+        head += f" Activations by module: {mods}" + (f", others {fmt_bytes(rest)}" if rest else "") + "."
+    return Paragraph(head, "plain", css="gm-at-peak")
+
+
+def _census_legend(t: MemTrace) -> str:
+    if not t.has_categories:
+        return ""
+    return (
+        "Categories: memory after each statement by owner (parameters and buffers, their "
+        "gradients, optimizer state, activations kept for backward, temporaries, tensors your "
+        "variables name, other); they add up to 'allocated after'. Temporaries live inside a "
+        "statement: they show in its peak and in the chart."
+    )
+
+
 def memtrace_report(t: MemTrace) -> Report:
-    """The cell's peak and net change, a row per statement that ran, the caveats on reading
-    them, and the out-of-memory post-mortem when a statement ran out."""
+    """The cell's peak and net change, a row per statement that ran, the chart by category
+    and what was alive at the peak, the caveats on reading them, and the out-of-memory
+    post-mortem when a statement ran out."""
     tracking = f"Tracking {t.device.label}: {t.device.why}."
     if t.has_breakdown:
         tracking += " Params/grads/optimizer/other: memory after the statement by owner."
-    sections: list[Section] = [
-        _summary(t),
-        _lines_table(t),
-        Paragraph(f"{tracking} {_LEGEND}"),
+    sections: list[Section] = [_summary(t), _lines_table(t)]
+    if t.has_categories:
+        chart_title = f"{t.device.label}: memory by category over the cell's statements"
+        sections.append(Figure(lambda: memory_chart_image(t.points, t.statements, chart_title)))
+        peak = t.at_peak
+        if peak is not None:
+            sections.append(at_peak_section(peak))
+    legend = " ".join(p for p in (tracking, _census_legend(t), _LEGEND) if p)
+    sections += [
+        Paragraph(legend),
         *(Paragraph(n, prefix="note: ") for n in (t.time_note, *t.notes) if n),
     ]
     if t.oom is not None:
@@ -156,6 +227,8 @@ def oom_section(report: OomReport) -> Box:
         Paragraph(f"Out of memory on {report.device}: {report.exception}", "plain"),
         KeyValues(facts, inline="", warn=["reserved but unallocated"] if report.fragmented else ()),
     ]
+    if report.categories is not None:
+        sections.append(Paragraph(_at_failure(report), "plain", css="gm-at-failure"))
     if report.requested_note:
         sections.append(Paragraph(f"Asked for: {report.requested_note}."))
     if report.limit_note:
@@ -164,6 +237,16 @@ def oom_section(report: OomReport) -> Box:
         sections += [Paragraph("Largest live tensors:", "plain"), _holders_table(report)]
     sections.append(Bullets("What to try", report.advice))
     return Box(sections, css="gm-oom")
+
+
+def _at_failure(report: OomReport) -> str:
+    assert report.categories is not None
+    text = "Tensors at the failure: " + _categories_text(dict(zip(CATEGORIES, report.categories)))
+    act = report.categories[ACTIVATIONS]
+    if act and report.activations:
+        mods = ", ".join(f"{name} {fmt_bytes(n)}" for name, n in report.activations[:6])
+        text += f"; the activations kept for backward ({fmt_bytes(act)}) by module: {mods}"
+    return text + "."
 
 
 def oom_text(report: OomReport) -> str:
