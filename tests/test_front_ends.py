@@ -121,7 +121,7 @@ def test_results_repr_in_one_line_and_str_in_full(ip, run) -> None:
     run("%%memtrace -q -o b\ny = [1] * 10\n")
     a, b = ip.user_ns["a"], ip.user_ns["b"]
     both = repr([a, b])
-    assert "\n" not in both and both.count("<MemTrace: %%memtrace host RSS: 1 statements") == 2
+    assert "\n" not in both and both.count(f"<MemTrace: %%memtrace {a.device.label}: 1 statements") == 2
     assert "peak" in repr(a) and "net" in repr(a)
     assert str(a) == a._repr_mimebundle_()["text/plain"] and str(a).count("\n") >= 3
     assert a._repr_html_() == a._repr_mimebundle_()["text/html"]
