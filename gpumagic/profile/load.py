@@ -26,6 +26,7 @@ def load_trace(
     mark_limit: int | None = None,
     skip_first: bool = False,
     labels: CodeLabels | None = None,
+    keep_startup: bool = False,
 ) -> ProfileResult:
     """Analyse a Chrome trace from ``torch.profiler``, or a directory of per-rank traces.
 
@@ -52,12 +53,18 @@ def load_trace(
         traces = [_labelled(read_trace(f), labels) for f in files]
         _number_ranks(traces, files)
         return ProfileResult(
-            [Analysis(t, step_marks, mark_limit, skip_first) for t in traces], str(p), live
+            [Analysis(t, step_marks, mark_limit, skip_first, keep_startup) for t in traces],
+            str(p),
+            live,
         )
     if not p.exists():
         raise TraceError(p, "no such file or directory")
     return ProfileResult(
-        [Analysis(_labelled(read_trace(p), labels), step_marks, mark_limit, skip_first)],
+        [
+            Analysis(
+                _labelled(read_trace(p), labels), step_marks, mark_limit, skip_first, keep_startup
+            )
+        ],
         str(p),
         live,
     )
