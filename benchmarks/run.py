@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-BENCHMARKS = ["bench_memtrace", "bench_profile", "bench_watch", "bench_lines"]
+BENCHMARKS = ["bench_memtrace", "bench_profile", "bench_watch", "bench_lines", "bench_noise"]
 
 
 def main() -> int:

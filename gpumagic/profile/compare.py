@@ -95,6 +95,12 @@ class Comparison(Rendered):
         return self.step_time.verdict
 
     @property
+    def verdict_text(self) -> str:
+        """The verdict with the change and its interval, in words: ``"faster: median step
+        time 10.3 ms -> 8.2 ms, -20% (95% CI -25% to -15%)"``."""
+        return verdict_text(self.step_time, "median step time")
+
+    @property
     def interval(self) -> tuple[float, float] | None:
         """The 95% interval of the median step time's change, in percent of ``a``'s (None
         when a run has fewer than 3 steps)."""
@@ -249,9 +255,10 @@ class Comparison(Rendered):
     def lines(self) -> pd.DataFrame:
         """Per line of the cell, both runs' hits, host and device µs, and the change.
 
-        Lines pair by their source text (the n-th of several identical lines with the n-th),
-        so two runs of one cell line up, and so do the lines a fix left as they were when it
-        added or changed others around them (``a_line``, ``b_line``: where each run had it).
+        Lines pair by their code, without a trailing comment (the n-th of several identical
+        lines with the n-th), so two runs of one cell line up, and so do the lines a fix left
+        as they were when it added or changed others around them, or only marked them with a
+        comment (``a_line``, ``b_line``: where each run had it; ``source``: the later run's).
         A line only one run has gets NaN for the other. Empty unless both runs have lines."""
         import pandas as pd
 
@@ -259,13 +266,17 @@ class Comparison(Rendered):
         if a.empty or b.empty:
             return pd.DataFrame(columns=_LINE_DELTA_COLUMNS)
         keep = ["line", "source", "hits", "host_us", "device_us"]
-        a = a[keep].assign(nth=a.groupby("source").cumcount())
-        b = b[keep].assign(nth=b.groupby("source").cumcount())
-        merged = a.merge(b, on=["source", "nth"], how="outer", suffixes=("_a", "_b"), sort=False)
+        a, b = (
+            x[keep].assign(code=x["source"].map(_code_of)).pipe(
+                lambda f: f.assign(nth=f.groupby("code").cumcount())
+            )
+            for x in (a, b)
+        )
+        merged = a.merge(b, on=["code", "nth"], how="outer", suffixes=("_a", "_b"), sort=False)
         frame = pd.DataFrame(
             {
                 "line": merged["line_b"].fillna(merged["line_a"]),
-                "source": merged["source"],
+                "source": merged["source_b"].fillna(merged["source_a"]),
                 "a_line": merged["line_a"],
                 "b_line": merged["line_b"],
                 "a_hits": merged["hits_a"],
@@ -295,7 +306,7 @@ class Comparison(Rendered):
         """The verdict on the step time with its interval, then the categories that moved
         beyond the noise: ``"faster: median step time 155 ms -> 143 ms, -7.8% (95% CI -9.0%
         to -6.1%); DataLoader 35.5 ms -> 0.3 ms per step"``."""
-        parts = [verdict_text(self.step_time, "median step time")]
+        parts = [self.verdict_text]
         moved = [
             (cat, d)
             for cat, d in self.category_differences.items()
@@ -349,6 +360,23 @@ def compare(
     ra = a if isinstance(a, ProfileResult) else load_trace(a)
     rb = b if isinstance(b, ProfileResult) else load_trace(b)
     return Comparison(ra, rb, names or (_label(ra.name), _label(rb.name)), margin_percent)
+
+
+def _code_of(source: str) -> str:
+    """A statement's code without comments: what pairs the lines of two runs."""
+    import io
+    import tokenize
+
+    try:
+        tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+        comments = [t for t in tokens if t.type == tokenize.COMMENT]
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        return source.strip()
+    lines = source.splitlines()
+    for t in reversed(comments):  # cut each from its line, last first
+        row, col = t.start
+        lines[row - 1] = lines[row - 1][:col]
+    return "\n".join(line.rstrip() for line in lines).strip()
 
 
 def _label(name: str) -> str:

@@ -46,7 +46,13 @@ def _change(c: Comparison, metric: str, delta: float) -> str:
 
 def _metrics(c: Comparison) -> Table:
     a, b = c.names
-    rows = [{"metric": str(m), **row} for m, row in c.table.to_dict("index").items()]
+    rows = [
+        {"metric": str(m), **row}
+        for m, row in c.table.to_dict("index").items()
+        # a metric neither run has (GPU figures of CPU runs, communication without any): no row
+        if m in ("steps", "step_time_median_us", "step_time_us")
+        or any(v == v and v != 0 for v in (row["a"], row["b"]))
+    ]
     return Table(
         [
             Column("metric", lambda x: _METRIC_LABELS.get(x["metric"], x["metric"]), align="left"),
@@ -76,7 +82,11 @@ def _signed_us(value: float) -> str:
 
 def _breakdown(c: Comparison) -> list[Section]:
     a, b = c.names
-    rows = [{"category": cat, **row} for cat, row in c.breakdown.to_dict("index").items()]
+    rows = [
+        {"category": cat, **row}
+        for cat, row in c.breakdown.to_dict("index").items()
+        if row["a_us"] or row["b_us"]  # a category neither run spent time in: no row
+    ]
     bars: list[Section] = []
     for name, result in ((a, c.a), (b, c.b)):
         percent = result.summary["breakdown_percent"]

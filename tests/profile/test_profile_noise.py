@@ -299,3 +299,22 @@ def test_snippets_follow_the_gpu_and_the_installed_torch():
     assert Facts(torch_version=(2, 5)).grad_scaler() == "torch.amp.GradScaler('cuda')"
     assert Facts(compute_capability=(7, 0)).bf16 is False
     assert Facts(compute_capability=(9, 0)).bf16 is True
+
+
+def test_lines_marked_with_a_comment_still_pair_with_the_run_before(tmp_path):
+    def run(sources, name):
+        b = TraceBuilder()
+        for i, _ in enumerate(sources):
+            b.op(f"gpumagic.line#{i} L{i + 2}", i * 100.0, 100.0)
+        labels = CodeLabels([StatementLabel(i, i + 2, 0, s) for i, s in enumerate(sources)], [])
+        return load_trace(b.write(tmp_path / name), labels=labels)
+
+    before = run(["x = f()", "y = x.to(device)"], "a.json")
+    after = run(["x = f()", "y = x.to(device, non_blocking=True)  # <- new", "z = 1"], "b.json")
+    again = run(["x = f()  # the same call", "y = x.to(device)"], "c.json")
+    lines = compare(before, again).lines
+    assert list(lines["a_line"]) == [2, 3] and list(lines["b_line"]) == [2, 3]
+    assert lines.loc[0, "source"] == "x = f()  # the same call"  # the later run's text
+    paired = compare(before, after).lines.set_index("source")
+    assert paired.loc["x = f()", "a_line"] == 2  # a changed line does not pair, a kept one does
+    assert np.isnan(paired.loc["y = x.to(device, non_blocking=True)  # <- new", "a_line"])

@@ -76,6 +76,17 @@ class Steps:
     def span(self) -> tuple[float, float]:
         return float(self.start[0]), float(self.end[-1])
 
+    @property
+    def window(self) -> tuple[float, float]:
+        """From the first step's CPU start to the last one's CPU end (µs): without the steps
+        left out (the first-call setup step, a cell's tail after its last step, a last step
+        whose GPU work was not all recorded). One step of a whole trace: everything, from the
+        end of its start-up phase when that is left out."""
+        if not len(self) or self.source == "trace":
+            lo = float(self.host_start[0]) if len(self) and self.startup_left_out else -np.inf
+            return lo, np.inf
+        return float(self.host_start[0]), float(self.host_end[-1])
+
 
 def find_steps(
     trace: Trace,

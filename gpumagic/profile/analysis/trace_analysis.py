@@ -286,17 +286,9 @@ class Analysis:
 
     @property
     def window(self) -> tuple[float, float]:
-        """From the first analysed step's CPU start to the last one's CPU end (µs). The step
-        statistics cover these steps only (the first-call setup step left out, a cell's tail
-        after its last step, a last step whose GPU work was not all recorded); the operator,
-        kernel, line and module tables count the same: what started inside it, and the GPU
-        work launched inside it. A trace without step marks is one step: the whole trace,
-        from the end of its start-up phase when that is left out."""
-        st = self.steps
-        if not len(st) or st.source == "trace":  # everything, or all after the start-up
-            lo = float(st.host_start[0]) if len(st) and st.startup_left_out else -np.inf
-            return lo, np.inf
-        return float(st.host_start[0]), float(st.host_end[-1])
+        """What every table counts (:attr:`Steps.window`): operators, kernels, lines and
+        modules that started, or GPU work launched, inside it, as the step statistics do."""
+        return self.steps.window
 
     @cached_property
     def host_in_window(self) -> np.ndarray:
