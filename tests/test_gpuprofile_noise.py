@@ -137,3 +137,36 @@ def test_no_usdt_line_reaches_stderr_even_after_torch_profiler_ran_first(tmp_pat
 def test_line_forms_still_refuse_what_they_cannot_do(run, line):
     r = run(line)
     assert isinstance(r.result.error_in_exec, UsageError)
+
+
+def test_lines_modules_and_operators_count_the_steps_the_statistics_count(ip, run):
+    import torch
+
+    ip.user_ns["net"] = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU())
+    r = run(
+        "%%gpuprofile -q\n"
+        "import torch, gpumagic\n"
+        "x = torch.randn(8, 16)\n"
+        "for _ in range(5):\n"
+        "    loss = net(x).sum()\n"
+        "    loss.backward()\n"
+        "    gpumagic.step()\n"
+    )
+    assert r.result.success, r.stdout
+    p = ip.user_ns["_gpuprofile"]
+    steps = p.summary["steps"]
+    assert steps == 4 and p.summary["first_step_left_out"]  # the setup step is out...
+    lines = p.lines.set_index("line")
+    assert list(lines.loc[[5, 6, 7], "hits"]) == [steps] * 3  # ...of the lines
+    assert 3 not in lines.index  # code before the loop is outside every step
+    assert (p.modules["calls"] == steps).all()  # ...of the modules
+    assert p.ops.set_index("name").loc["aten::addmm", "calls"] == steps  # ...and operators
+    kept = run(
+        "%%gpuprofile -q --keep-first\n"
+        "for _ in range(5):\n"
+        "    loss = net(x).sum()\n"
+        "    gpumagic.step()\n"
+    )
+    assert kept.result.success
+    k = ip.user_ns["_gpuprofile"]
+    assert k.summary["steps"] == 5 and (k.modules["calls"] == 5).all()

@@ -231,7 +231,9 @@ class ProfileMagics(Magics):
         def live_html() -> str:
             return profile_live_html(run.status())
 
-        mode = "off" if opts.quiet else None
+        # one display slot per cell: the runs before the last of --repeat N show none (a
+        # live view would leave an empty output behind each of them)
+        mode = "off" if opts.quiet or not last else None
         view = LiveView(live_html, delay=1.0, interval=1.0, mode=mode)
         present = self._presenter(view, opts, earlier, last)
         return run_measured(self.shell, prepared, run, LiveResult(view, present))

@@ -64,6 +64,11 @@ _PER_STEP = {
     "gpu_idle_us_per_step": ("gpu_idle_us_per_step", "mean", True),
 }
 TABLE_COLUMNS = ["a", "b", "delta", "delta_percent", "delta_low", "delta_high", "verdict"]
+# A verdict in the words of its metric: utilisation is higher or lower, idle time more or less.
+_WORDS = {
+    "gpu_utilization_percent": {"faster": "higher", "slower": "lower"},
+    "gpu_idle_us_per_step": {"faster": "less", "slower": "more"},
+}
 
 
 @dataclass(eq=False, repr=False)
@@ -142,7 +147,8 @@ class Comparison(Rendered):
             a = sa[metric] if d is None else d.a
             b = sb[metric] if d is None else d.b
             low, high = d.interval if d is not None and d.interval else (np.nan, np.nan)
-            rows.append((metric, a, b, low, high, d.verdict if d is not None else ""))
+            verdict = "" if d is None else _WORDS.get(metric, {}).get(d.verdict, d.verdict)
+            rows.append((metric, a, b, low, high, verdict))
         frame = pd.DataFrame(
             rows, columns=["metric", "a", "b", "delta_low", "delta_high", "verdict"]
         ).set_index("metric")

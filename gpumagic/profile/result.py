@@ -332,7 +332,7 @@ class ProfileResult(Rendered):
     @cached_property
     def lines(self) -> pd.DataFrame:
         """One row per statement of the profiled cell that ran: line, source, hits, host_us
-        (its own, without nested rows: the rows add up to the cell), device_us (GPU work it
+        (its own, without nested rows: the rows add up to the analysed steps), device_us (GPU work it
         launched, whatever thread launched it), device_percent, top_op, top_kernel. Empty
         for a trace recorded outside ``%%gpuprofile`` (see :attr:`lines_note`)."""
         from gpumagic.profile.analysis.lines import line_attribution

@@ -34,13 +34,15 @@ _METRIC_LABELS = {
 
 def _change(c: Comparison, metric: str, delta: float) -> str:
     d = c.differences.get(metric)
+    if d is not None and metric.endswith("percent") and d.interval is not None:
+        # a share (utilisation) changes by percentage points, its interval too
+        lo, hi = d.interval
+        return f"{fmt_pp(d.estimate)} (95% CI {fmt_pp(lo)} to {fmt_pp(hi)})"
     if d is not None:
         return change_text(d)
-    if delta != delta:
+    if delta != delta or metric.endswith("percent"):
+        # no value per step, so no interval: a share's change is not shown without one
         return "–"
-    # no value per step, so no interval: the difference alone, never as a percentage
-    if metric.endswith("percent"):
-        return fmt_pp(delta)
     return fmt_us(delta, signed=True) if metric.endswith(("_us", "_per_step")) else f"{delta:+g}"
 
 
@@ -62,7 +64,7 @@ def _metrics(c: Comparison) -> Table:
             Column("verdict", lambda x: x["verdict"] or "–", align="left"),
         ],
         rows,
-        highlight=lambda x: "hot" if x["verdict"] in ("faster", "slower") else "",
+        highlight=lambda x: "hot" if x["verdict"] not in ("", "no difference") else "",
     )
 
 
@@ -179,7 +181,8 @@ def _samples(c: Comparison) -> str:
     ) else ""
     return (
         f"Samples: {side(a, ra, na)}; {side(b, rb, nb)}. {METHOD}; otherwise no difference "
-        f"beyond the noise.{single}"
+        "beyond the noise. Metrics without a value per step (SM efficiency, occupancy, "
+        f"communication) are shown side by side, without a change.{single}"
     )
 
 

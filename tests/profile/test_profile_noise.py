@@ -318,3 +318,20 @@ def test_lines_marked_with_a_comment_still_pair_with_the_run_before(tmp_path):
     paired = compare(before, after).lines.set_index("source")
     assert paired.loc["x = f()", "a_line"] == 2  # a changed line does not pair, a kept one does
     assert np.isnan(paired.loc["y = x.to(device, non_blocking=True)  # <- new", "a_line"])
+
+
+def test_analyze_says_the_trace_has_no_step_marks_and_names_its_start_up(capsys):
+    from profile_helpers import trace_path
+
+    from gpumagic.profile.cli import main
+
+    path = str(trace_path("a100_alexnet_syncs.json.gz"))
+    assert main(["analyze", path, "--rows", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "no step marks" in out
+    assert "start-up: 42.2 s, left out of every figure below" in out
+    assert "cudaDeviceGetStreamPriorityRange" in out
+    assert "saves ~42" not in out  # no finding promises the start-up as a saving
+    assert main(["analyze", path, "--rows", "2", "--keep-startup"]) == 0
+    kept = capsys.readouterr().out
+    assert "start-up: 42.2 s, counted in the step" in kept and "step time: 43.4 s" in kept

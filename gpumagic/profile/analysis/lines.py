@@ -4,7 +4,7 @@ Every statement of a ``%%gpuprofile`` cell ran inside a profiler range of its ow
 :mod:`gpumagic.profile.record.probe`), and at most one was open at any instant, so the ranges
 tile the cell: a statement's ``host_us`` is the sum of its ranges and excludes the
 statements nested in it (a loop's body has rows of its own), and the rows add up to the
-cell's profiled time, less the probe's own few microseconds between ranges.
+time the statements spanned, less the probe's own few microseconds between ranges.
 
 GPU work is charged to the statement whose range contains the runtime call that launched
 it (correlation id -> launch), whatever thread made the call: the kernels autograd's
