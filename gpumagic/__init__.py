@@ -18,6 +18,7 @@ _LAZY = {
     "MemTrace": ("gpumagic.memory.report", "MemTrace"),
     "load_trace": ("gpumagic.profile.load", "load_trace"),
     "compare": ("gpumagic.profile.compare", "compare"),
+    "difference": ("gpumagic.profile.analysis.noise", "difference"),
     "step": ("gpumagic.profile.record.recorder", "step"),
     "watch": ("gpumagic.monitor", "watch"),
     "env": ("gpumagic.environment", "env"),

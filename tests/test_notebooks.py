@@ -111,7 +111,7 @@ def _check_case_study(nb: nbformat.NotebookNode) -> None:
     beyond = {fix for fix, verdict in judged.items() if verdict != "no difference"}
     assert int(m.group(1)) == len(beyond)
     assert set(re.findall(r"(\w+) \((?:faster|slower),", m.group(2))) == beyond
-    table = next(t for t in _texts(nb) if "vs previous (95% interval)" in t and "<table" in t)
+    table = next(t for t in _texts(nb) if "95% interval (ms)" in t and "<table" in t)
     for fix, verdict in judged.items():
         row = re.search(rf"<th>{fix}</th>(.*?)</tr>", table, re.DOTALL)
         assert row and f"<td>{verdict}" in row.group(1), (fix, verdict)

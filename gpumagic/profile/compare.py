@@ -23,7 +23,7 @@ from gpumagic.profile.analysis.noise import Difference
 from gpumagic.profile.load import load_trace
 from gpumagic.profile.result import ProfileResult
 from gpumagic.render.html import Rendered
-from gpumagic.units import fmt_interval, fmt_percent, fmt_us
+from gpumagic.units import fmt_us
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -333,22 +333,13 @@ _MORE_LESS = {noise.FASTER: "less", noise.SLOWER: "more"}
 
 def change_text(d: Difference) -> str:
     """``"-7.8% (95% CI -9.0% to -6.1%)"``; without an interval, the reason."""
-    if d.percent is None:
-        return f"{fmt_us(d.estimate, signed=True)} ({fmt_interval(d.interval, _signed_us)})"
-    if d.interval_percent is None:
-        return f"{fmt_percent(d.percent, signed=True)} ({d.reason})"
-    return f"{fmt_percent(d.percent, signed=True)} ({fmt_interval(d.interval_percent)})"
+    return d.change_text()
 
 
 def verdict_text(d: Difference, what: str) -> str:
     """The verdict, then what changed and by how much: ``"no difference beyond the noise:
     median step time 8.6 ms -> 8.8 ms, +2.3% (95% CI -4.1% to +6.0%)"``."""
-    verdict = "no difference beyond the noise" if d.verdict == noise.SAME else d.verdict
-    return f"{verdict}: {what} {fmt_us(d.a)} -> {fmt_us(d.b)}, {change_text(d)}"
-
-
-def _signed_us(value: float) -> str:
-    return fmt_us(value, signed=True)
+    return d.text(what)
 
 
 def compare(

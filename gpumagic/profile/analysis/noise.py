@@ -38,6 +38,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpumagic.units import fmt_interval, fmt_percent, fmt_us
+
 CONFIDENCE = 0.95
 RESAMPLES = 2000
 # A change must lie wholly beyond this many percent of the "before" value to be called.
@@ -86,6 +88,21 @@ class Difference:
     @property
     def beyond_noise(self) -> bool:
         return self.verdict != SAME
+
+    def change_text(self) -> str:
+        """``"-7.8% (95% CI -9.0% to -6.1%)"``; without an interval, the reason."""
+        if self.percent is None:
+            signed = lambda v: fmt_us(v, signed=True)  # noqa: E731
+            return f"{signed(self.estimate)} ({fmt_interval(self.interval, signed)})"
+        if self.interval_percent is None:
+            return f"{fmt_percent(self.percent, signed=True)} ({self.reason})"
+        return f"{fmt_percent(self.percent, signed=True)} ({fmt_interval(self.interval_percent)})"
+
+    def text(self, what: str = "median step time") -> str:
+        """The verdict, then what changed and by how much: ``"no difference beyond the
+        noise: median step time 8.6 ms -> 8.8 ms, +2.3% (95% CI -4.1% to +6.0%)"``."""
+        verdict = "no difference beyond the noise" if self.verdict == SAME else self.verdict
+        return f"{verdict}: {what} {fmt_us(self.a)} -> {fmt_us(self.b)}, {self.change_text()}"
 
 
 def as_runs(samples: np.ndarray | Sequence[np.ndarray] | Sequence[float]) -> list[np.ndarray]:
