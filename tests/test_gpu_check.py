@@ -384,6 +384,7 @@ def test_self_test_runs_the_plumbing_and_never_claims_a_gpu_result(tmp_path):
         ("cells", "memtrace_resnet"),
         ("cells", "gpuprofile_slow_loop"),
         ("cells", "memtrace_oom"),
+        ("cells", "memfit_resnet"),
         ("bench", "memtrace overhead, CUDA training cell"),
         ("bench", "probe cost per statement"),
         ("bench", "NVML cost per sample"),

@@ -10,6 +10,8 @@ The cells run in one IPython ``InteractiveShell`` with gpumagic loaded, as a use
                         sync and tensor_cores must fire
   memtrace_oom          a real CUDA out-of-memory error (a plain cudaMalloc far beyond the
                         card), the report, and the memory coming back to its baseline
+  memfit_resnet         %%memfit's dry run of a ResNet-18 training step against the real
+                        step's torch.cuda.max_memory_allocated(): within 10%
 
 One JSON line per check goes to ``--json`` as soon as it is known (so a timeout keeps what
 was done): ``{"name", "status", "seconds", "detail", "data"}``. Without CUDA every GPU check
@@ -362,6 +364,48 @@ def memtrace_oom(c: Cells) -> tuple[str, dict[str, Any]]:
         f"({baseline} bytes); the next cell ran"
     )
     return detail, {"requested": oom.requested, "free": oom.free, "released": oom.released}
+
+
+def _given_bytes(model: Any, optimizer: Any) -> int:
+    """The bytes the step is given on the GPU: parameters, buffers, gradients, optimizer state."""
+    import torch
+
+    tensors = [*model.parameters(), *model.buffers()]
+    tensors += [p.grad for p in model.parameters() if p.grad is not None]
+    tensors += [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if t.is_cuda}
+    return sum(_rounded(n) for n in storages.values())
+
+
+@check("memfit_resnet")
+def memfit_resnet(c: Cells) -> tuple[str, dict[str, Any]]:
+    import torch
+
+    c.ok(_RESNET)
+    step = _STEP.replace("%%memtrace -q\n", "")
+    c.ok("%%memfit -q --what-if amp\n" + step)
+    fit = c.ns["_memfit"]
+    expect(fit.target is not None and "this GPU" in fit.target.name, f"target {fit.target}")
+    expect(fit.on_gpu, "the dry run did not use the GPU path")
+    gc.collect()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    given = _given_bytes(c.ns["model"], c.ns["optimizer"])
+    torch.cuda.reset_peak_memory_stats()
+    c.ok(step)
+    torch.cuda.synchronize()
+    measured = torch.cuda.max_memory_allocated() - (before - given)
+    ratio = fit.peak_bytes / measured
+    expect(abs(fit.peak_bytes - measured) <= 0.10 * measured,
+           f"predicted {fit.peak_bytes / MiB:.1f} MiB, max_memory_allocated of the step {measured / MiB:.1f} MiB")  # fmt: skip
+    amp = fit.what_if.set_index("fix").loc["amp"]
+    detail = (
+        f"{c.ns['model_kind']}, batch 64: predicted {fit.peak_bytes / MiB:.0f} MiB at line {fit.peak_line}, "
+        f"measured {measured / MiB:.0f} MiB (ratio {ratio:.3f}); verdict on this GPU {fit.fits}; "
+        f"amp would save {amp['saving_bytes'] / MiB:.0f} MiB; dry runs {fit.seconds:.1f} s"
+    )
+    c.ok("del model, optimizer, x, y, loss")
+    return detail, {"predicted": fit.peak_bytes, "measured": measured, "ratio": ratio}
 
 
 def _alarm(signum: int, frame: Any) -> None:

@@ -13,7 +13,8 @@ fails or runs out of time is reported and the rest still runs:
   cells      each magic's CUDA path as real IPython cells, asserting on the results
              (tools/gpu_cells.py): %%memtrace on a ResNet training step, a real CUDA
              out-of-memory error and the memory coming back, %%gpuprofile on a slow loop
-             whose findings must fire, %gpuwatch with NVML, %gpuenv
+             whose findings must fire, %gpuwatch with NVML, %gpuenv, %%memfit's
+             prediction against the real step's max_memory_allocated (within 10%)
   bench      %%memtrace overhead on a CUDA training cell (target <= 1.02), the probe's cost
              per statement, NVML's cost per sample (benchmarks/)
   notebooks  the tutorials in notebooks/ at their GPU size, with nbclient, HTML copies
@@ -372,7 +373,7 @@ def parse_junit(path: Path) -> tuple[dict[str, int] | None, list[dict[str, str]]
     return counts, failures
 
 
-CELL_CHECKS = ["shell", "gpuenv", "gpuwatch", "memtrace_resnet", "gpuprofile_slow_loop", "memtrace_oom"]
+CELL_CHECKS = ["shell", "gpuenv", "gpuwatch", "memtrace_resnet", "gpuprofile_slow_loop", "memtrace_oom", "memfit_resnet"]
 
 
 def part_cells(ctx: Context) -> None:

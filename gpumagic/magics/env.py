@@ -7,7 +7,7 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class, output_can_be_silenced
 
-from gpumagic.magics.args import MagicParser, without_silencer
+from gpumagic.magics.args import MagicParser, documented, without_silencer
 
 PARSER = MagicParser(
     "%gpuenv",
@@ -26,10 +26,9 @@ PARSER.add_argument(
 class EnvMagics(Magics):
     @output_can_be_silenced
     @line_magic
+    @documented(PARSER)
     def gpuenv(self, line: str = "") -> Any:
         """The GPU environment of this kernel, with known traps flagged.
-
-        %gpuenv [--freeze FILE]
 
         Shows GPU names and memory, the NVIDIA driver, the CUDA runtime torch was built with,
         cuDNN, NCCL, key package versions, the determinism/TF32 flags, CUDA_VISIBLE_DEVICES and
@@ -44,6 +43,8 @@ class EnvMagics(Magics):
         from gpumagic.environment.freeze import freeze, freeze_format
 
         opts = PARSER.parse_line(without_silencer(line))
+        if opts is None:  # -h: the help was printed
+            return None
         if opts.freeze is not None:
             try:  # before the slow part: a wrong extension is a typo worth failing fast on
                 freeze_format(opts.freeze)

@@ -7,5 +7,7 @@
 * :mod:`.holders` - who holds memory, by the names the namespace gives;
 * :mod:`.oom` - the out-of-memory post-mortem and its report;
 * :mod:`.report` - the result (:class:`~.report.MemTrace`);
-* :mod:`.run` - one traced cell through :func:`gpumagic.cell.run_measured`.
+* :mod:`.run` - one traced cell through :func:`gpumagic.cell.run_measured`;
+* :mod:`.fit` - ``%%memfit``: a dry run on fake tensors that predicts the CUDA peak, the
+  largest batch and what each fix would save.
 """

@@ -18,6 +18,7 @@ import numpy as np
 from gpumagic.device_kinds import CUDA
 from gpumagic.monitor import metrics as M
 from gpumagic.monitor.alerts import Alert, cell_note
+from gpumagic.render.html import Rendered
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -83,7 +84,7 @@ def device_values(snapshot: Snapshot, sample: int = -1) -> list[dict[str, Any]]:
     return out
 
 
-class WatchStatus:
+class WatchStatus(Rendered):
     """The latest sample of every device, the alerts active now and why anything is missing."""
 
     def __init__(self, snapshot: Snapshot) -> None:
@@ -114,15 +115,8 @@ class WatchStatus:
 
         return status_report(self)
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        report = self._report()
-        return {"text/plain": report.text(), "text/html": report.html()}
 
-    def __repr__(self) -> str:
-        return self._report().text()
-
-
-class WatchResult:
+class WatchResult(Rendered):
     """A stopped (or snapshotted) watch: ``samples`` and ``cells`` frames, the log path,
     alerts seen, and a static summary chart as its mime bundle."""
 
@@ -242,12 +236,6 @@ class WatchResult:
 
         return result_report(self)
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        report = self._report()
-        return {"text/plain": report.text(), "text/html": report.html()}
-
-    def __repr__(self) -> str:
-        return self._report().text()
 
 
 def _process_frame(snapshot: Snapshot) -> pd.DataFrame:

@@ -5,12 +5,16 @@ One object per trace file or per directory of ranks. Its tables are pandas DataF
 renders as one mime bundle (text and HTML) or a self-contained HTML file.
 
 For several ranks the tables describe the slowest rank, the one that sets the pace of
-a synchronous job; :attr:`ProfileResult.per_rank` compares them all side by side and
-:meth:`ProfileResult.rank` gives any one of them.
+a synchronous job; :attr:`ProfileResult.per_rank` compares them all side by side,
+:attr:`ProfileResult.slow_ranks` says which hold the others up and why, and
+:meth:`ProfileResult.rank` gives any one of them. A directory's ranks may be held as
+summaries (see :mod:`gpumagic.profile.ranks`): the slowest rank's full analysis is read
+when its tables are first asked for, any other's when :meth:`ProfileResult.rank` is called.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +23,7 @@ import numpy as np
 
 from gpumagic.profile.analysis.breakdown import CATEGORIES
 from gpumagic.profile.analysis.trace_analysis import Analysis, IdleReport
+from gpumagic.profile.ranks import Rank, RankSummary, communication_row, own_work_us, slow_ranks
 from gpumagic.profile.rules.base import Finding
 from gpumagic.profile.rules.registry import diagnose
 from gpumagic.profile.trace.session import LiveState
@@ -26,6 +31,8 @@ from gpumagic.render.html import Rendered
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from gpumagic.render.sections import Report
 
 # Table rows a result shows by default: a terminal has less room than a notebook.
 TEXT_ROWS, HTML_ROWS = 10, 15
@@ -36,14 +43,21 @@ class ProfileResult(Rendered):
 
     def __init__(
         self,
-        analyses: list[Analysis],
+        analyses: Sequence[Analysis | Rank],
         source: str,
         live: LiveState | None = None,
         name: str | None = None,
     ) -> None:
         if not analyses:
             raise ValueError("a ProfileResult needs at least one analysed trace")
-        self._analyses = analyses
+        # An analysis in memory is a rank numbered as its trace says (else by position);
+        # load_trace hands a directory's ranks over already numbered, as summaries.
+        self._ranks = [
+            a
+            if isinstance(a, Rank)
+            else Rank(a.trace.rank if a.trace.rank is not None else i, analysis=a)
+            for i, a in enumerate(analyses)
+        ]
         self.source = source
         self.live = live
         self.name = name or Path(source).name
@@ -56,75 +70,85 @@ class ProfileResult(Rendered):
         # The earlier runs of the same cell (%%gpuprofile --repeat N), oldest first: their
         # steps are samples of the step time too (see step_samples); the tables are this run's.
         self.earlier_runs: list[ProfileResult] = []
+        # How a directory's ranks were analysed ("a pool of 8 processes", ...); None for
+        # ranks analysed whole in this process.
+        self.reduced_by: str | None = None
 
     # --- ranks -----------------------------------------------------------------------
 
     @property
     def analyses(self) -> list[Analysis]:
-        return list(self._analyses)
+        """Every rank's full analysis. A rank held as a summary is read again for this: with
+        many ranks prefer :attr:`per_rank`, :attr:`rank_summaries` and :meth:`rank`."""
+        i = self._primary_index
+        return [self.primary if j == i else r.analysis() for j, r in enumerate(self._ranks)]
+
+    @property
+    def rank_summaries(self) -> list[RankSummary]:
+        """Each rank's summary (steps, breakdown, idle, collectives, top operators and
+        kernels, lines and modules), in rank-file order; made here for ranks held whole."""
+        return [r.summary for r in self._ranks]
+
+    @cached_property
+    def _primary_index(self) -> int:
+        if len(self._ranks) == 1:
+            return 0
+        sync = self._synchronised
+        work = [own_work_us(r, sync) for r in self._ranks]
+        return max(range(len(work)), key=work.__getitem__)
 
     @cached_property
     def primary(self) -> Analysis:
-        """The analysis the tables describe: the only one, or the slowest rank's."""
-        if len(self._analyses) == 1:
-            return self._analyses[0]
-        if self._synchronised:
-            return min(self._analyses, key=lambda a: a.collective_us_per_step)
-        return max(self._analyses, key=lambda a: a.breakdown.mean_step_us)
+        """The analysis the tables describe: the only one, or the slowest rank's (read from
+        its file the first time, when the ranks are held as summaries)."""
+        return self._ranks[self._primary_index].analysis()
 
     @property
     def ranks(self) -> list[int]:
-        return [self._rank_of(i, a) for i, a in enumerate(self._analyses)]
-
-    @staticmethod
-    def _rank_of(i: int, a: Analysis) -> int:
-        return a.trace.rank if a.trace.rank is not None else i
+        return [r.number for r in self._ranks]
 
     @property
     def slowest_rank(self) -> int | None:
         """The rank the others wait for, when there are several ranks.
 
         Ranks that synchronise (DDP's all-reduce) all take as long per step as the slowest
-        one, so their step times cannot tell it; the time each spends waiting in collectives
-        can: the rank that waits least is the one holding the others up. Without
-        collectives in the traces, the rank with the longest mean step."""
-        if len(self._analyses) < 2:
+        one, so their step times cannot tell it; their own work can: the step less the time
+        in collectives, where the others wait for it (the rank holding them up waits least).
+        Without collectives in the traces, the rank with the longest mean step."""
+        if len(self._ranks) < 2:
             return None
-        return self._rank_of(self._analyses.index(self.primary), self.primary)
+        return self._ranks[self._primary_index].number
 
     @property
     def _synchronised(self) -> bool:
-        return all(a.collective_us_per_step > 0 for a in self._analyses)
+        return all(r.collective_us_per_step > 0 for r in self._ranks)
+
+    @property
+    def has_communication(self) -> bool:
+        """Some rank ran collectives (kernels, CPU-backend spans, or recorded calls)."""
+        return any(r.communicates for r in self._ranks)
 
     def rank(self, rank: int) -> ProfileResult:
-        """The result for one rank alone."""
-        for i, a in enumerate(self._analyses):
-            if self._rank_of(i, a) == rank:
+        """The result for one rank alone (its file read again, when held as a summary)."""
+        for i, r in enumerate(self._ranks):
+            if r.number == rank:
+                a = self.primary if i == self._primary_index else r.analysis()
                 return ProfileResult([a], a.trace.source, self.live)
         raise KeyError(f"no rank {rank} in {self.source} (ranks: {self.ranks})")
+
+    @cached_property
+    def slow_ranks(self) -> pd.DataFrame:
+        """The ranks that hold the job up, slowest first: how far behind the median rank
+        each is per step, and why (more compute, input stalls, waiting in collectives); see
+        :func:`gpumagic.profile.ranks.slow_ranks`. Empty for one rank."""
+        return slow_ranks(self._ranks, self._synchronised)
 
     @cached_property
     def per_rank(self) -> pd.DataFrame:
         """One row per rank: step time, utilisation, breakdown shares, device idle."""
         import pandas as pd
 
-        rows = []
-        for i, a in enumerate(self._analyses):
-            bd, idle = a.breakdown, a.idle
-            n = max(len(a.steps), 1)
-            row: dict[str, Any] = {
-                "rank": self._rank_of(i, a),
-                "file": Path(a.trace.source).name,
-                "steps": len(a.steps),
-                "step_time_us": bd.mean_step_us,
-                "gpu_utilization_percent": a.gpu_utilization_percent,
-                "gpu_idle_us_per_step": sum(idle.device_us.values()) / n,
-                "collective_us_per_step": a.collective_us_per_step,
-            }
-            for c, p in zip(CATEGORIES, bd.percent.tolist()):
-                row[f"{c}_percent"] = p
-            row.update(_communication_row(a))
-            rows.append(row)
+        rows = [{"rank": r.number, "file": Path(r.file).name, **r.row()} for r in self._ranks]
         frame = pd.DataFrame(rows)
         frame["collective_wait_us_per_step"] = self._collective_waits
         frame["slowest"] = frame["rank"] == self.slowest_rank
@@ -172,10 +196,13 @@ class ProfileResult(Rendered):
 
     def with_earlier_runs(self, earlier: list[ProfileResult]) -> ProfileResult:
         """The same run, holding ``earlier`` runs of the same cell as further samples."""
-        out = ProfileResult(self._analyses, self.source, self.live, self.name)
+        out = ProfileResult(self._ranks, self.source, self.live, self.name)
         out.notes = list(self.notes)
         out.display_rows = self.display_rows
+        out.reduced_by = self.reduced_by
         out.earlier_runs = [r for e in earlier for r in e.runs]
+        if "primary" in self.__dict__:  # already read: the new result need not read it again
+            out.__dict__["primary"] = self.__dict__["primary"]
         return out
 
     # --- the tables ------------------------------------------------------------------
@@ -198,7 +225,7 @@ class ProfileResult(Rendered):
         out: dict[str, Any] = {
             "source": self.source,
             "rank": trace.rank,
-            "ranks": len(self._analyses),
+            "ranks": len(self._ranks),
             "slowest_rank": self.slowest_rank,
             "wall_time_us": trace.end - trace.start,
             "profiled_span_us": st.span[1] - st.span[0],
@@ -283,9 +310,7 @@ class ProfileResult(Rendered):
         algorithm and bus bandwidth as nccl-tests defines them (see :mod:`gpumagic.profile.analysis.comms`)."""
         import pandas as pd
 
-        frames = [
-            a.comms.collectives_frame(self._rank_of(i, a)) for i, a in enumerate(self._analyses)
-        ]
+        frames = [r.collectives() for r in self._ranks]
         frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
         return frame.sort_values("rank", kind="stable").reset_index(drop=True)
 
@@ -295,31 +320,32 @@ class ProfileResult(Rendered):
         TensorBoard plugin's Distributed View."""
         import pandas as pd
 
-        frames = [
-            a.comms.overlap_frame(self._rank_of(i, a), a.steps)
-            for i, a in enumerate(self._analyses)
-        ]
+        frames = [r.overlap() for r in self._ranks]
         frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
         return frame.sort_values("rank", kind="stable").reset_index(drop=True)
 
     @cached_property
     def _collective_waits(self) -> list[float | None]:
         """Per rank (in analysis order), µs per step waiting in collectives for the others."""
-        from gpumagic.profile.analysis.comms import collective_waits
+        from gpumagic.profile.analysis.comms import waits_from_durations
 
-        return collective_waits(self._analyses)
+        if len(self._ranks) < 2:
+            return [None] * len(self._ranks)
+        return waits_from_durations(
+            [r.call_durations() for r in self._ranks], [r.step_count for r in self._ranks]
+        )
 
     def _communication_summary(self) -> dict[str, Any]:
         a = self.primary
         comms = a.comms
-        i = self._analyses.index(a)
+        i = self._primary_index
         percent = dict(zip(CATEGORIES, a.breakdown.percent.tolist()))
         us = dict(zip(CATEGORIES, a.breakdown.mean_us.tolist()))
         return {
             "communication_percent": percent["Communication"],
             "communication_us_per_step": us["Communication"],
             "communication_overlap_percent": comms.overlap_percent,
-            "communication_exposed_us_per_step": _communication_row(a)[
+            "communication_exposed_us_per_step": communication_row(a)[
                 "communication_only_us_per_step"
             ]
             if comms.present
@@ -371,11 +397,6 @@ class ProfileResult(Rendered):
 
         return ORIGIN_NOTES.get(module_attribution(self.primary).origin, "")
 
-    @property
-    def has_communication(self) -> bool:
-        """Some rank ran collectives (kernels, CPU-backend spans, or recorded calls)."""
-        return any(a.comms.present or len(a.comms.calls) for a in self._analyses)
-
     def gpu_busy(self, bins: int) -> np.ndarray:
         """Per slice of the analysed steps cut into ``bins`` equal slices (the first step's
         start to the last one's end), the fraction of it in which some GPU event ran."""
@@ -397,12 +418,19 @@ class ProfileResult(Rendered):
 
     def with_live(self, live: LiveState | None) -> ProfileResult:
         """The same analysis, diagnosed with session facts (see :mod:`gpumagic.profile.live`)."""
-        out = ProfileResult(self._analyses, self.source, live, self.name)
+        out = ProfileResult(self._ranks, self.source, live, self.name)
         out.notes = list(self.notes)
         out.earlier_runs = list(self.earlier_runs)
+        if "primary" in self.__dict__:  # already read: the new result need not read it again
+            out.__dict__["primary"] = self.__dict__["primary"]
         return out
 
     # --- output ----------------------------------------------------------------------
+
+    def _report(self) -> Report:
+        from gpumagic.render.profile import profile_report
+
+        return profile_report(self, TEXT_ROWS if self.display_rows is None else self.display_rows)
 
     def _text(self) -> str:
         return self.to_text(TEXT_ROWS if self.display_rows is None else self.display_rows)
@@ -417,10 +445,11 @@ class ProfileResult(Rendered):
         return profile_report(self, rows).text()
 
     def to_html(self, rows: int = 15) -> str:
-        """The report as HTML, ``rows`` rows in each table."""
+        """The report as HTML, ``rows`` rows in each table (no stylesheet: see
+        :mod:`gpumagic.render.html`; ``export`` writes a page with one)."""
         from gpumagic.render.profile import profile_report
 
-        return profile_report(self, rows).html()
+        return profile_report(self, rows).html(style=False)
 
     def export(self, path: str | Path, rows: int = 50) -> Path:
         """Write a self-contained HTML report (no scripts, no external files)."""
@@ -429,16 +458,3 @@ class ProfileResult(Rendered):
         out = Path(path)
         out.write_text(report_document(self, rows=rows), encoding="utf-8")
         return out
-
-
-def _communication_row(a: Analysis) -> dict[str, Any]:
-    """The per-rank columns of communication: the overlap, and the per-step split."""
-    split = a.comms.step_split(a.steps)
-    mean = split.mean(axis=0) if len(split) else [0.0] * 4
-    return {
-        "communication_overlap_percent": a.comms.overlap_percent,
-        "computation_only_us_per_step": float(mean[0]),
-        "overlap_us_per_step": float(mean[1]),
-        "communication_only_us_per_step": float(mean[2]),
-        "other_us_per_step": float(mean[3]),
-    }

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from gpumagic.render.html import escape
 from gpumagic.render.sections import Figure, Heading, KeyValues, Paragraph, Section, only
+from gpumagic.render.svg import svg_image, svg_open
 from gpumagic.render.table import Column, Table, finite
 from gpumagic.units import fmt_bytes, fmt_count, fmt_gbps, fmt_percent, fmt_us
 
@@ -89,7 +90,8 @@ def _split_table(r: ProfileResult) -> Table:
 
 def overlap_svg(r: ProfileResult, width: int = 640) -> str:
     """One stacked bar per step and rank: computation only, overlap, communication only,
-    other (the TensorBoard plugin's Distributed View), scaled to the longest step."""
+    other (the TensorBoard plugin's Distributed View), scaled to the longest step; an image
+    (:func:`gpumagic.render.svg.svg_image`)."""
     ov = r.overlap
     if ov.empty:
         return ""
@@ -97,16 +99,13 @@ def overlap_svg(r: ProfileResult, width: int = 640) -> str:
     plot_w = width - label_w - 70
     height = 6 + (row_h + gap) * len(ov) + 16
     longest = float(ov["step_us"].max()) or 1.0
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="9" class="gm-overlap">'
-    ]
+    out = [svg_open(width, height)]
     y = 4
     many = ov["rank"].nunique() > 1
     for row in ov.to_dict("records"):
         label = (f"rank {row['rank']} · " if many else "") + f"step {row['step']}"
         out.append(
-            f'<text x="{label_w - 4}" y="{y + row_h - 2}" text-anchor="end" fill="currentColor">'
+            f'<text x="{label_w - 4}" y="{y + row_h - 2}" text-anchor="end" class="fg">'
             f"{escape(label)}</text>"
         )
         x = float(label_w)
@@ -121,7 +120,7 @@ def overlap_svg(r: ProfileResult, width: int = 640) -> str:
             )
             x += w
         out.append(
-            f'<text x="{x + 4:.2f}" y="{y + row_h - 2}" fill="#888">'
+            f'<text x="{x + 4:.2f}" y="{y + row_h - 2}" class="dim">'
             f"{escape(fmt_us(float(row['step_us'])))}</text>"
         )
         y += row_h + gap
@@ -129,11 +128,19 @@ def overlap_svg(r: ProfileResult, width: int = 640) -> str:
     for _, name, color in SPLIT:
         out.append(
             f'<rect x="{x:.0f}" y="{y + 2}" width="9" height="9" fill="{color}"/>'
-            f'<text x="{x + 12:.0f}" y="{y + 10}" fill="currentColor">{escape(name)}</text>'
+            f'<text x="{x + 12:.0f}" y="{y + 10}" class="fg">{escape(name)}</text>'
         )
         x += 16 + 6 * len(name)
     out.append("</svg>")
-    return "".join(out)
+    return svg_image("".join(out), width, height, _overlap_alt(r), "gm-overlap")
+
+
+def _overlap_alt(r: ProfileResult) -> str:
+    ov = r.overlap
+    means = ", ".join(
+        f"{name} {fmt_us(float(ov[key].mean()))}" for key, name, _ in SPLIT if key in ov
+    )
+    return f"{len(ov)} steps, each split by what ran (mean per step: {means})"
 
 
 def communication_sections(r: ProfileResult, rows: int) -> list[Section]:

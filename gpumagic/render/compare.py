@@ -196,4 +196,6 @@ def comparison_report(c: Comparison) -> Report:
         *_findings(c),
         *_lines(c),
     ]
-    return Report("profile-compare", "compare", f"{a} -> {b}", sections)
+    return Report(
+        "profile-compare", "compare", f"{a} -> {b}", sections, summary=f"compare {a} -> {b}: {c.headline}"
+    )

@@ -5,9 +5,13 @@ so notebook checks and browser tests can find it, and so the stylesheet below is
 scoped and never leaks into the user's notebook.
 
 Untrusted notebooks (every notebook someone else saved), GitHub and nbviewer drop
-``<style>`` blocks and keep ``style=`` attributes. So the styling that carries meaning
-(alignment, highlighted rows, bars, warning boxes, colour swatches) is inline, from the
-constants below; the stylesheet adds spacing, fonts and borders on top.
+``<style>`` blocks and inline ``<svg>``, and keep ``style=`` attributes and images with
+data URIs. So the styling that carries meaning (alignment, highlighted rows, bars, warning
+boxes, colour swatches) is inline, from the constants below, and charts are images
+(:mod:`gpumagic.render.svg`). A notebook output carries no stylesheet: it would be dropped
+there anyway, and kept, it repeated itself in every output of a notebook (seven copies in a
+``nbconvert --to markdown`` of one). The stylesheet is an extra for a standalone page
+(``ProfileResult.export``), where it adds spacing, fonts and borders.
 """
 
 from __future__ import annotations
@@ -29,11 +33,11 @@ PALETTE = {
 
 # Inline styles for what must survive a sanitiser (see the module's docstring).
 # (padding included: where the style block is gone, cells would otherwise run together)
+# (nowrap: without the stylesheet a narrow output area broke "617 µs" after the number)
 ALIGN_STYLE = {
-    "left": "text-align:left;padding:2px 8px",
-    "right": "text-align:right;padding:2px 8px",
-    "code": "text-align:left;padding:2px 8px;white-space:pre;"
-    "font-family:var(--jp-code-font-family,monospace)",
+    "left": "text-align:left;padding:2px 8px;white-space:nowrap",
+    "right": "text-align:right;padding:2px 8px;white-space:nowrap",
+    "code": "text-align:left;padding:2px 8px;white-space:pre;font-family:monospace",
 }
 ROW_STYLE = {"hot": "background:rgba(217,83,79,0.10)", "error": "background:rgba(217,83,79,0.28)"}
 BOX_STYLE = {
@@ -91,8 +95,9 @@ def escape_text(value: object) -> str:
     return _html.escape(str(value), quote=False)
 
 
-def wrap(kind: str, body: str, style: bool = True) -> str:
-    """Wrap a report body in the package's scoped container: ``class="gpumagic gpumagic-<kind>"``."""
+def wrap(kind: str, body: str, style: bool = False) -> str:
+    """Wrap a report body in the package's scoped container: ``class="gpumagic gpumagic-<kind>"``
+    (``style``: with the stylesheet, for a standalone page)."""
     return f'<div class="gpumagic gpumagic-{escape(kind)}">{STYLE if style else ""}{body}</div>'
 
 
@@ -117,7 +122,12 @@ def swatch(color: str) -> str:
 class Rendered:
     """Mixin: one mime bundle with text/plain and text/html. A result declares its report
     once in ``_report()`` (see :mod:`gpumagic.render.sections`) and both forms come from it;
-    a one-line object may write ``_text()`` and ``_html()`` instead."""
+    a one-line object may write ``_text()`` and ``_html()`` instead.
+
+    ``repr()`` is one line (a list of results must not print whole reports), ``str()`` the
+    whole text report; ``_repr_html_`` sits beside ``_repr_mimebundle_`` for tools that ask
+    for it alone (sphinx-gallery). IPython asks for the bundle, so the HTML is built once.
+    """
 
     def _report(self) -> Report:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -126,13 +136,29 @@ class Rendered:
         return self._report().text()
 
     def _html(self) -> str:
-        return self._report().html()
+        return self._report().html(style=False)
+
+    def _summary(self) -> str:
+        """The one line ``repr()`` shows: the report's headline (its title line, or the
+        summary it gives), else the first line of the text."""
+        try:
+            first = self._report().headline()
+        except NotImplementedError:  # a result that writes _text() and _html() itself
+            first = self._text().strip().partition("\n")[0]
+        first = " ".join(first.split())
+        return first if len(first) <= 160 else first[:159] + "…"
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         return {"text/plain": self._text(), "text/html": self._html()}
 
-    def __repr__(self) -> str:
+    def _repr_html_(self) -> str:
+        return self._html()
+
+    def __str__(self) -> str:
         return self._text()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}: {self._summary()}>"
 
 
 class Note(Rendered):

@@ -10,7 +10,7 @@ from gpumagic.memory.oom import OomReport
 from gpumagic.memory.report import BREAKDOWN_COLUMNS
 from gpumagic.render.html import PALETTE, escape, wrap
 from gpumagic.render.sections import Box, Bullets, KeyValues, Paragraph, Report, Section
-from gpumagic.render.svg import Chart, Series, render_chart
+from gpumagic.render.svg import Chart, Series, chart_image
 from gpumagic.render.table import Bar, Column, Table
 from gpumagic.units import fmt_bytes, fmt_count, fmt_us
 
@@ -102,7 +102,11 @@ def memtrace_report(t: MemTrace) -> Report:
     if t.oom is not None:
         sections.append(oom_section(t.oom))
     warn = f"failed at line {t.failed_line}: {t.error}" if t.error else ""
-    return Report("memtrace", "%%memtrace", t.device.label, sections, warn=warn)
+    summary = (
+        f"%%memtrace {t.device.label}: {len(t.lines)} statements, peak "
+        f"{fmt_bytes(t.cell_peak)}, net {fmt_bytes(t.net_change, signed=True)}"
+    )
+    return Report("memtrace", "%%memtrace", t.device.label, sections, warn=warn, summary=summary)
 
 
 def _asked_and_free(report: OomReport) -> tuple[str, str]:
@@ -198,6 +202,6 @@ def memtrace_live_html(status: MemtraceStatus) -> str:
     elapsed = xs[-1] if xs else 0.0
     body = (
         f"<div><b>%%memtrace</b> {now} · {elapsed:.1f} s · "
-        f"allocated {fmt_bytes(timeline[-1][1] if timeline else 0)}</div>" + render_chart(chart)
+        f"allocated {fmt_bytes(timeline[-1][1] if timeline else 0)}</div>" + chart_image(chart)
     )
     return wrap("memtrace-live", body)

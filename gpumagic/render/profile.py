@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from gpumagic.render.comms import communication_sections
 from gpumagic.render.comms import headline_items as comms_headline_items
-from gpumagic.render.html import escape
+from gpumagic.render.html import escape, swatch
 from gpumagic.render.profile_code import lines_sections, modules_sections, where_html, where_text
+from gpumagic.render.ranks import slow_ranks_sections
 from gpumagic.render.sections import (
     Figure,
     Heading,
@@ -27,6 +28,7 @@ from gpumagic.render.sections import (
     only,
     sub_span,
 )
+from gpumagic.render.svg import svg_image, svg_open
 from gpumagic.render.table import Column, Table, finite
 from gpumagic.units import fmt_count, fmt_interval, fmt_named, fmt_number, fmt_percent, fmt_us
 
@@ -149,23 +151,32 @@ def text_bar(percent: dict[str, float], width: int = 50) -> str:
 
 
 def stacked_bar(percent: dict[str, float], width_px: int = 480, height_px: int = 16) -> str:
-    """The breakdown as one horizontal bar of coloured segments, with a legend."""
-    segs = []
+    """The breakdown as one horizontal bar of coloured segments (an image), with a legend."""
+    rects, x = [], 0.0
     for cat, p in percent.items():
-        if p <= 0:
+        w = width_px * max(p, 0.0) / 100.0
+        if w <= 0:
             continue
-        segs.append(
-            f'<span title="{escape(cat)}: {escape(fmt_percent(p))}" style="display:inline-block;'
-            f'width:{p:.3f}%;height:{height_px}px;background:{CATEGORY_COLORS[cat]}"></span>'
+        rects.append(
+            f'<rect x="{x:.2f}" y="0" width="{w:.2f}" height="{height_px}" '
+            f'fill="{CATEGORY_COLORS[cat]}"><title>{escape(cat)}: {escape(fmt_percent(p))}</title></rect>'
         )
+        x += w
+    svg = (
+        f"{svg_open(width_px, height_px)}{''.join(rects)}"
+        f'<rect x="0.5" y="0.5" width="{width_px - 1}" height="{height_px - 1}" fill="none" '
+        'stroke="rgba(128,128,128,0.5)"/></svg>'
+    )
+    alt = "step time: " + ", ".join(
+        f"{c} {fmt_percent(p)}" for c, p in percent.items() if p > 0
+    )
     legend = " ".join(
-        f'<span style="white-space:nowrap"><span style="display:inline-block;width:9px;height:9px;'
-        f'background:{CATEGORY_COLORS[c]}"></span> {escape(c)} {escape(fmt_percent(p))}</span>'
+        f'<span style="white-space:nowrap">{swatch(CATEGORY_COLORS[c])} {escape(c)} '
+        f"{escape(fmt_percent(p))}</span>"
         for c, p in percent.items()
     )
     return (
-        f'<div class="gm-stack" style="width:{width_px}px;max-width:100%;display:flex;'
-        f'border:1px solid rgba(128,128,128,0.4)">{"".join(segs)}</div>'
+        f'<div class="gm-stack">{svg_image(svg, width_px, height_px, alt, "gm-stack-bar")}</div>'
         f'<div class="gm-note" style="margin:3px 0 6px 0;color:#888">{legend}</div>'
     )
 
@@ -276,11 +287,13 @@ def _per_rank_sections(r: ProfileResult) -> list[Section]:
     return [
         Heading("Per rank", f"slowest: rank {s['slowest_rank']}"),
         Table(columns, rows, highlight=lambda x: "hot" if x["slowest"] else ""),
+        *slow_ranks_sections(r),
     ]
 
 
 def timeline_svg(r: ProfileResult, width: int = 640) -> str:
-    """Per-step stacked bars (scaled to the longest step) under a GPU busy/idle strip."""
+    """Per-step stacked bars (scaled to the longest step) under a GPU busy/idle strip, as an
+    image (:func:`gpumagic.render.svg.svg_image`)."""
     steps = r.steps
     if len(steps) == 0:
         return ""
@@ -288,14 +301,11 @@ def timeline_svg(r: ProfileResult, width: int = 640) -> str:
     plot_w = width - label_w - 70
     strip_h = 0 if r.summary["cpu_only"] else 14
     height = 18 + strip_h + (row_h + gap) * len(steps) + 6
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="9" class="gm-timeline">'
-    ]
+    out = [svg_open(width, height)]
     y = 4
     if strip_h:
         out.append(
-            f'<text x="{label_w - 4}" y="{y + 10}" text-anchor="end" fill="currentColor">GPU busy</text>'
+            f'<text x="{label_w - 4}" y="{y + 10}" text-anchor="end" class="fg">GPU busy</text>'
             f'<rect x="{label_w}" y="{y}" width="{plot_w}" height="{strip_h - 2}" fill="#eeeeee" '
             f'stroke="rgba(128,128,128,0.4)" stroke-width="0.5"><title>idle</title></rect>'
         )
@@ -306,7 +316,7 @@ def timeline_svg(r: ProfileResult, width: int = 640) -> str:
                     f'fill="{CATEGORY_COLORS["Kernel"]}" fill-opacity="{min(f, 1.0):.2f}"/>'
                 )
         out.append(
-            f'<text x="{label_w + plot_w + 4}" y="{y + 10}" fill="#888">'
+            f'<text x="{label_w + plot_w + 4}" y="{y + 10}" class="dim">'
             f"{escape(fmt_percent(r.summary['gpu_utilization_percent'] or 0))}</text>"
         )
         y += strip_h + 4
@@ -315,7 +325,7 @@ def timeline_svg(r: ProfileResult, width: int = 640) -> str:
         name = escape(step["step"])
         x = float(label_w)
         out.append(
-            f'<text x="{label_w - 4}" y="{y + row_h - 2}" text-anchor="end" fill="currentColor">'
+            f'<text x="{label_w - 4}" y="{y + row_h - 2}" text-anchor="end" class="fg">'
             f"step {name}</text>"
         )
         for cat, color in CATEGORY_COLORS.items():
@@ -329,12 +339,41 @@ def timeline_svg(r: ProfileResult, width: int = 640) -> str:
             )
             x += w
         out.append(
-            f'<text x="{x + 4:.2f}" y="{y + row_h - 2}" fill="#888">'
+            f'<text x="{x + 4:.2f}" y="{y + row_h - 2}" class="dim">'
             f"{escape(fmt_us(float(step['duration_us'])))}</text>"
         )
         y += row_h + gap
     out.append("</svg>")
-    return "".join(out)
+    return svg_image("".join(out), width, height, _timeline_alt(r), "gm-timeline")
+
+
+def _timeline_alt(r: ProfileResult) -> str:
+    durations = r.steps["duration_us"].astype(float)
+    busy = (
+        ""
+        if r.summary["cpu_only"]
+        else f"; GPU busy {fmt_percent(r.summary['gpu_utilization_percent'] or 0)}"
+    )
+    return (
+        f"{len(durations)} steps, {fmt_us(float(durations.min()))} to "
+        f"{fmt_us(float(durations.max()))}, each split by category{busy}"
+    )
+
+
+def _steps_text(r: ProfileResult, rows: int) -> list[str]:
+    """The timeline's numbers for the text form: each step's length and its two largest
+    categories (the first ``rows`` steps)."""
+    lines = []
+    records = r.steps.to_dict("records")
+    for step in records[:rows]:
+        parts = sorted(
+            ((float(step[f"{c}_us"]), c) for c in CATEGORY_COLORS), reverse=True
+        )[:2]
+        top = ", ".join(f"{c} {fmt_us(us)}" for us, c in parts if us > 0)
+        lines.append(f"  step {step['step']}: {fmt_us(float(step['duration_us']))} ({top})")
+    if len(records) > rows:
+        lines.append(f"  ... {len(records) - rows} more steps in .steps")
+    return lines
 
 
 def _cpu_meanwhile(ops: list[tuple[str, float]]) -> str:
@@ -474,14 +513,18 @@ def profile_report(r: ProfileResult, rows: int = 15) -> Report:
         *modules_sections(r, rows),
         *_per_rank_sections(r),
         *communication_sections(r, rows),
-        # the breakdown table above holds the text form's numbers
         only("html", Heading("Steps", "each step's breakdown, scaled to the longest")),
-        Figure(lambda: timeline_svg(r)),
+        *([only("text", Heading("Steps", "each step's time and its two largest parts"))]
+          if len(r.steps) else []),
+        Figure(lambda: timeline_svg(r), lambda: _steps_text(r, rows)),
         *_idle_sections(r, min(rows, 10)),
         *_ops_sections(r, rows),
         *_kernels_sections(r, rows),
     ]
-    return Report("profile", "%%gpuprofile", _title(r), sections)
+    s = r.summary
+    found = f"{len(r.findings)} finding{'s' if len(r.findings) != 1 else ''}"
+    summary = f"%%gpuprofile {_title(r)}: step time {fmt_us(s['step_time_us'])}, {found}"
+    return Report("profile", "%%gpuprofile", _title(r), sections, summary=summary)
 
 
 def report_document(r: ProfileResult, rows: int = 50) -> str:

@@ -146,15 +146,16 @@ class Bullets:
 
 @dataclass
 class Figure:
-    """A chart: its HTML (SVG, bars; or a function drawing it, so the text form never pays
-    for it), and the lines the text form shows instead (none when the tables around it
-    already hold its numbers)."""
+    """A chart: its HTML (an image of its SVG, :func:`gpumagic.render.svg.svg_image`, never
+    inline ``<svg>``, which shared notebooks drop; or a function drawing it, so the text form
+    never pays for it), and the lines the text form shows instead (none when the tables
+    around it already hold its numbers; a function, so the HTML form never pays for them)."""
 
     html_: str | Callable[[], str]
-    text_: Sequence[str] = ()
+    text_: Sequence[str] | Callable[[], Sequence[str]] = ()
 
     def text(self) -> list[str]:
-        return list(self.text_)
+        return list(self.text_() if callable(self.text_) else self.text_)
 
     def html(self) -> str:
         return self.html_() if callable(self.html_) else self.html_
@@ -234,19 +235,28 @@ def html_of(sections: Iterable[Section]) -> str:
 class Report:
     """A whole report: ``title`` (and a grey ``sub``) on top, then the sections. ``kind``
     names the HTML container (``class="gpumagic gpumagic-<kind>"``); ``warn`` is a failure
-    shown beside the title."""
+    shown beside the title; ``summary`` the one line a result's ``repr()`` shows (the title
+    line where there is none)."""
 
     kind: str
     title: str
     sub: str = ""
     sections: list[Section] = field(default_factory=list)
     warn: str = ""
+    summary: str = ""
+
+    def head(self) -> str:
+        head = f"{self.title}: {self.sub}" if self.sub else self.title
+        return f"{head}  {self.warn}" if self.warn else head
+
+    def headline(self) -> str:
+        """One line that says what the report found."""
+        if not self.summary:
+            return self.head()
+        return f"{self.summary}; {self.warn}" if self.warn else self.summary
 
     def text(self) -> str:
-        head = f"{self.title}: {self.sub}" if self.sub else self.title
-        if self.warn:
-            head += f"  {self.warn}"
-        lines = [head, *text_of(self.sections)]
+        lines = [self.head(), *text_of(self.sections)]
         return "\n".join(lines).strip("\n")
 
     def html(self, style: bool = True) -> str:

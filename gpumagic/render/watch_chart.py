@@ -180,8 +180,9 @@ def _charts(snap: Snapshot, live: bool) -> list[list[Chart]]:
     width, height = (2 * CHART_W + 6, CHART_H + 36) if host_only else (CHART_W, CHART_H)
 
     def chart(title: str, series: list[Series], **kw: Any) -> Chart:
+        alt = f"{title}: {_range(series, kw.get('y_format'))}, {caption}"
         return Chart(
-            series, width, height, title, caption, x_min=x_lo, x_max=x_hi, bands=bands, **kw
+            series, width, height, title, caption, x_min=x_lo, x_max=x_hi, bands=bands, alt=alt, **kw
         )
 
     return [
@@ -190,6 +191,23 @@ def _charts(snap: Snapshot, live: bool) -> list[list[Chart]]:
         else _host_row(snap.values[:, row, :], x, chart)
         for row, device in enumerate(snap.devices)
     ]
+
+
+def _range(series: list[Series], fmt: Any) -> str:
+    """The main line's peak and mean in words (the filled one: used memory, utilisation)."""
+    main = next((s for s in series if s.fill), series[0])
+    values = [v for v in main.y if v is not None]
+    if not values:
+        return "no value yet"
+    fmt = fmt if callable(fmt) else (lambda v: f"{v:g}")
+    return f"peak {fmt(max(values))}, mean {fmt(sum(values) / len(values))}"
+
+
+def chart_lines(snap: Snapshot, live: bool) -> list[str]:
+    """What the charts show, a line per chart, for the text form (and each chart's alt)."""
+    if len(snap.times) == 0:
+        return []
+    return [chart.alt for row in _charts(snap, live) for chart in row]
 
 
 def chart_block(snap: Snapshot, live: bool) -> str:

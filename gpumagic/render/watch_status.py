@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from gpumagic.render import watch_panel as panel
 from gpumagic.render.sections import Figure, Report, Section
-from gpumagic.render.watch_chart import chart_block
+from gpumagic.render.watch_chart import chart_block, chart_lines
 
 if TYPE_CHECKING:
     from gpumagic.monitor.result import WatchStatus
@@ -29,14 +29,14 @@ def live_report(snap: Snapshot) -> Report:
         *panel.alerts([a.message for a in snap.alerts]),
         *panel.devices(snap),
         *panel.running(snap),
-        Figure(lambda: chart_block(snap, live=True)),
+        Figure(lambda: chart_block(snap, live=True), lambda: chart_lines(snap, live=True)),
         *panel.notes(snap.notes),
     ]
     return Report("watch", "gpuwatch", panel.subtitle(snap, live=True), sections)
 
 
 def live_html(snap: Snapshot) -> str:
-    return live_report(snap).html()
+    return live_report(snap).html(style=False)
 
 
 class LiveFrame:

@@ -15,7 +15,7 @@ from gpumagic.render import watch_panel as panel
 from gpumagic.render.html import NOTE_STYLE, Rendered, escape, wrap
 from gpumagic.render.sections import Figure, Paragraph, Report, Section
 from gpumagic.render.table import Column, Table
-from gpumagic.render.watch_chart import chart_block
+from gpumagic.render.watch_chart import chart_block, chart_lines
 from gpumagic.render.watch_panel import cell_name
 from gpumagic.units import fmt_bytes, fmt_clock, fmt_percent, fmt_seconds, fmt_us, fmt_usd, fmt_wh
 
@@ -118,7 +118,7 @@ def result_report(result: WatchResult) -> Report:
     sections: list[Section] = [
         *panel.reason(snap),
         *panel.alerts(_seen_alerts(result)),
-        Figure(lambda: chart_block(snap, live=False)),
+        Figure(lambda: chart_block(snap, live=False), lambda: chart_lines(snap, live=False)),
     ]
     if snap.cells:
         sections += [_cells_table(result), *_cell_advice(result)]

@@ -7,6 +7,7 @@ import re
 
 import pytest
 from profile_helpers import trace_path
+from svg_images import inline_svg
 
 import gpumagic
 from gpumagic.profile.cli import main
@@ -16,7 +17,7 @@ def test_mime_bundle_and_escaped_names(load):
     r = load("resnet50_v100_num_workers_0.json.gz")
     bundle = r._repr_mimebundle_()
     assert set(bundle) == {"text/plain", "text/html"}
-    page = bundle["text/html"]
+    page = inline_svg(bundle["text/html"])  # the charts' drawings in place of their images
     assert page.startswith('<div class="gpumagic gpumagic-profile">')
     # kernel names carry templates: they must appear escaped, never as raw tags
     top = r.kernels["name"].iloc[0]
@@ -48,7 +49,8 @@ def test_mime_bundle_and_escaped_names(load):
     assert "host_wait" in page  # the idle section
     text = bundle["text/plain"]
     assert "DataLoader" in text and "Findings" in text
-    assert repr(r) == text
+    assert str(r) == text
+    assert "\n" not in repr(r) and repr(r).startswith("<ProfileResult: %%gpuprofile")
 
 
 def test_rows_limits_the_tables(load):
