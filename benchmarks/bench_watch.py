@@ -38,7 +38,7 @@ import torch
 
 from gpumagic.monitor import Watcher, watch
 from gpumagic.monitor.ring import capacity_for
-from gpumagic.render.watch import render_time
+from gpumagic.render.watch_status import live_html
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ratios import describe, verdict  # the benchmarks' shared helper, beside this file
@@ -163,6 +163,14 @@ def bench_sample_wall(samples: int = 50) -> dict[str, Any]:
         times.append(time.perf_counter() - t)
     w.stop()
     return {"wall_per_sample_s": statistics.median(times), "wall_samples": samples, "reason": w.reason}
+
+
+def render_time(watcher: Watcher, repeat: int = 20) -> float:
+    """Seconds one uncached frame (snapshot copy + ``live_html``) takes for ``watcher`` now."""
+    t0 = time.perf_counter()
+    for _ in range(repeat):
+        live_html(watcher.snapshot())
+    return (time.perf_counter() - t0) / repeat
 
 
 def bench_render() -> dict[str, Any]:

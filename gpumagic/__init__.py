@@ -1,6 +1,6 @@
 """gpumagic: the advanced user's GPU toolbox for PyTorch in IPython/Jupyter.
 
-``%load_ext gpumagic`` registers ``%%memtrace``/``%memtrace``, ``%%gpuprofile``,
+``%load_ext gpumagic`` registers ``%%memtrace``/``%memtrace``, ``%%memfit``, ``%%gpuprofile``,
 ``%gpuwatch``, ``%gpuenv`` and ``%gpuselect``. The same analyses are callable from scripts through the
 names below. Importing this package is cheap: torch, pandas and matplotlib load only
 when a feature runs.
@@ -16,12 +16,16 @@ from gpumagic._version import __version__
 # public name -> (module, attribute); resolved on first use so `import gpumagic` stays fast
 _LAZY = {
     "MemTrace": ("gpumagic.memory.report", "MemTrace"),
+    "MemFit": ("gpumagic.memory.fit.result", "MemFit"),
+    "memfit": ("gpumagic.memory.fit.api", "memfit"),
     "load_trace": ("gpumagic.profile.load", "load_trace"),
     "compare": ("gpumagic.profile.compare", "compare"),
+    "difference": ("gpumagic.profile.analysis.noise", "difference"),
     "step": ("gpumagic.profile.record.recorder", "step"),
     "watch": ("gpumagic.monitor", "watch"),
     "env": ("gpumagic.environment", "env"),
     "select_gpus": ("gpumagic.monitor.choose", "select_gpus"),
+    "serve_metrics": ("gpumagic.monitor.exporter", "serve_metrics"),
 }
 
 __all__ = ["__version__", "load_ipython_extension", "unload_ipython_extension", *_LAZY]

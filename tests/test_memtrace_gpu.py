@@ -189,3 +189,62 @@ def test_host_oom_on_the_gpu_machine_is_a_host_report(ip, run):
     assert t.oom.device == "host" and t.oom.requested == 2**45
     names = {h.name for h in t.oom.holders}
     assert "keep" in names and "g" not in names  # the host's tensors, not the GPU's
+
+
+# -- the tensor census on CUDA (issue 16): the same categories as on the CPU, within the caching
+# -- allocator's rounding (each block a multiple of 512 bytes)
+
+_MLP = (
+    "%%memtrace -q {opts}\n"
+    "x = torch.randn(64, 128, device=dev)\n"
+    "model = nn.Sequential(nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),"
+    " nn.Linear(256, 1)).to(dev)\n"
+    "optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)\n"
+    "loss = model(x).sum()\n"
+    "loss.backward()\n"
+    "optimizer.step()\n"
+    "optimizer.zero_grad(set_to_none=True)\n"
+)
+
+
+def _rounded(n: int) -> int:
+    return -(-n // 512) * 512
+
+
+def test_cuda_categories_match_the_cpu_within_the_allocators_rounding(ip, run):
+    from gpumagic.memory.categories import COLUMNS
+
+    ip.user_ns["nn"] = __import__("torch").nn
+    traces = {}
+    for dev in ("cpu", "cuda"):
+        ip.user_ns["dev"] = dev
+        r = run(_MLP.format(opts="--device cuda" if dev == "cuda" else "--device host"))
+        assert r.result.success, r.result.error_in_exec
+        traces[dev] = ip.user_ns["_memtrace"]
+    cpu, cuda = (traces[d].lines.set_index("line") for d in ("cpu", "cuda"))
+    assert traces["cuda"].device.kind == "cuda" and traces["cuda"].has_categories
+    params = list(ip.user_ns["model"].parameters())
+    rounded = sum(_rounded(p.nbytes) for p in params)
+    assert cuda.loc[3, "params_bytes"] == rounded
+    assert cuda.loc[5, "activations_bytes"] == cpu.loc[5, "activations_bytes"] == 2 * 64 * 256 * 4
+    assert cuda.loc[6, "activations_bytes"] == 0 and cuda.loc[6, "grads_bytes"] == rounded
+    # Adam's step counters stay on the CPU unless capturable: on CUDA, the moments alone
+    assert cuda.loc[7, "optimizer_bytes"] == 2 * rounded
+    # every row adds up to the allocator's own total; "other" is what no tensor accounts for
+    assert (cuda[list(COLUMNS)].sum(axis=1) == cuda["allocated_bytes"]).all()
+    assert (cuda["other_bytes"] >= 0).all()
+    # each row's tensors within the rounding of the CPU's figure (at most 512 B per tensor)
+    tensors = 2 * len(params) + 4  # parameters, gradients or moments, x, loss, activations
+    for line in cpu.index:
+        for col in ("params_bytes", "grads_bytes", "activations_bytes"):
+            assert 0 <= cuda.loc[line, col] - cpu.loc[line, col] <= 512 * tensors, (line, col)
+    peak = traces["cuda"].at_peak
+    assert peak is not None and sum(peak.categories.values()) == peak.total
+
+
+def test_cuda_census_off_with_no_tensors(ip, run):
+    r = run("%%memtrace -q --no-tensors\nx = torch.ones(2**20, device='cuda')\n")
+    assert r.result.success
+    t = ip.user_ns["_memtrace"]
+    assert t.device.kind == "cuda" and not t.has_categories
+    assert t.lines.iloc[0].delta_bytes == 4 * MiB

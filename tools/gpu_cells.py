@@ -5,11 +5,14 @@ The cells run in one IPython ``InteractiveShell`` with gpumagic loaded, as a use
 
   gpuenv                %gpuenv: the GPU name is torch's, CUDA still uninitialised after it
   gpuwatch              %gpuwatch with NVML: real samples, this process's GPU memory found
-  memtrace_resnet       %%memtrace on a ResNet-18 training step: the allocator's exact bytes
+  memtrace_resnet       %%memtrace on a ResNet-18 training step: the allocator's exact bytes, and
+                        the tensor census's categories (activations, gradients, momentum) on CUDA
   gpuprofile_slow_loop  %%gpuprofile on a deliberately slow loop: dataloader, pageable_memcpy,
                         sync and tensor_cores must fire
   memtrace_oom          a real CUDA out-of-memory error (a plain cudaMalloc far beyond the
                         card), the report, and the memory coming back to its baseline
+  memfit_resnet         %%memfit's dry run of a ResNet-18 training step against the real
+                        step's torch.cuda.max_memory_allocated(): within 10%
 
 One JSON line per check goes to ``--json`` as soon as it is known (so a timeout keeps what
 was done): ``{"name", "status", "seconds", "detail", "data"}``. Without CUDA every GPU check
@@ -221,14 +224,27 @@ def memtrace_resnet(c: Cells) -> tuple[str, dict[str, Any]]:
     expect(abs(d[6] - params) <= 2 * MiB, f"optimizer.step: delta {d[6]}, momentum buffers are {params}")
     expect(abs(d[7] + params) <= 2 * MiB, f"zero_grad(set_to_none): delta {d[7]}, gradients are {params}")
     expect((rows["reserved_bytes"] >= rows["allocated_bytes"]).all(), "reserved below allocated")
-    if t.has_breakdown:
-        expect(abs(rows.loc[6, "optimizer_bytes"] - params) <= 2 * MiB, "optimizer state after step")
-        expect(rows.loc[7, "grads_bytes"] == 0, "gradients after zero_grad(set_to_none=True)")
+    # the tensor census's categories (issue 16), adding up to the allocator's total
+    expect(t.has_categories, "no categories: the tensor census did not run on CUDA")
+    cats = ["params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes",
+            "temporaries_bytes", "inputs_bytes", "other_bytes"]  # fmt: skip
+    expect((rows[cats].sum(axis=1) == rows["allocated_bytes"]).all(), "categories do not add up")
+    expect((rows["other_bytes"] >= 0).all(), f"negative other: {list(rows['other_bytes'])}")
+    expect(rows.loc[2, "inputs_bytes"] >= x_bytes, "x is not under inputs")
+    expect(abs(rows.loc[4, "activations_bytes"] - d[4]) <= 2 * MiB, "forward: its delta is not activations")
+    expect(rows.loc[5, "activations_bytes"] == 0, "backward left activations")
+    expect(abs(rows.loc[5, "grads_bytes"] - params) <= 2 * MiB, "gradients after backward")
+    expect(abs(rows.loc[6, "optimizer_bytes"] - params) <= 2 * MiB, "optimizer state after step")
+    expect(rows.loc[7, "grads_bytes"] == 0, "gradients after zero_grad(set_to_none=True)")
+    peak = t.at_peak
+    expect(peak is not None and peak.activations > 0 and peak.modules, f"at the peak: {peak!r}")
     expect(t.time_label == "host time", f"time column {t.time_label!r} (audit M6)")
     expect("cuda:0" in html, "the HTML report does not name cuda:0")
     detail = (
         f"{c.ns['model_kind']}, batch 64: forward +{d[4] / MiB:.0f} MiB (peak {rows.loc[4, 'peak_bytes'] / MiB:.0f}), "
-        f"backward {d[5] / MiB:+.0f} MiB, step +{d[6] / MiB:.1f} MiB = momentum, zero_grad {d[7] / MiB:+.1f} MiB"
+        f"backward {d[5] / MiB:+.0f} MiB, step +{d[6] / MiB:.1f} MiB = momentum, zero_grad {d[7] / MiB:+.1f} MiB; "
+        f"activations after forward {rows.loc[4, 'activations_bytes'] / MiB:.0f} MiB, other at most "
+        f"{rows['other_bytes'].max() / MiB:.1f} MiB; {peak!r}"
     )
     c.ok("del model, optimizer, x, y, loss")
     return detail, {k: int(v) for k, v in d.items()}
@@ -362,6 +378,48 @@ def memtrace_oom(c: Cells) -> tuple[str, dict[str, Any]]:
         f"({baseline} bytes); the next cell ran"
     )
     return detail, {"requested": oom.requested, "free": oom.free, "released": oom.released}
+
+
+def _given_bytes(model: Any, optimizer: Any) -> int:
+    """The bytes the step is given on the GPU: parameters, buffers, gradients, optimizer state."""
+    import torch
+
+    tensors = [*model.parameters(), *model.buffers()]
+    tensors += [p.grad for p in model.parameters() if p.grad is not None]
+    tensors += [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if t.is_cuda}
+    return sum(_rounded(n) for n in storages.values())
+
+
+@check("memfit_resnet")
+def memfit_resnet(c: Cells) -> tuple[str, dict[str, Any]]:
+    import torch
+
+    c.ok(_RESNET)
+    step = _STEP.replace("%%memtrace -q\n", "")
+    c.ok("%%memfit -q --what-if amp\n" + step)
+    fit = c.ns["_memfit"]
+    expect(fit.target is not None and "this GPU" in fit.target.name, f"target {fit.target}")
+    expect(fit.on_gpu, "the dry run did not use the GPU path")
+    gc.collect()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    given = _given_bytes(c.ns["model"], c.ns["optimizer"])
+    torch.cuda.reset_peak_memory_stats()
+    c.ok(step)
+    torch.cuda.synchronize()
+    measured = torch.cuda.max_memory_allocated() - (before - given)
+    ratio = fit.peak_bytes / measured
+    expect(abs(fit.peak_bytes - measured) <= 0.10 * measured,
+           f"predicted {fit.peak_bytes / MiB:.1f} MiB, max_memory_allocated of the step {measured / MiB:.1f} MiB")  # fmt: skip
+    amp = fit.what_if.set_index("fix").loc["amp"]
+    detail = (
+        f"{c.ns['model_kind']}, batch 64: predicted {fit.peak_bytes / MiB:.0f} MiB at line {fit.peak_line}, "
+        f"measured {measured / MiB:.0f} MiB (ratio {ratio:.3f}); verdict on this GPU {fit.fits}; "
+        f"amp would save {amp['saving_bytes'] / MiB:.0f} MiB; dry runs {fit.seconds:.1f} s"
+    )
+    c.ok("del model, optimizer, x, y, loss")
+    return detail, {"predicted": fit.peak_bytes, "measured": measured, "ratio": ratio}
 
 
 def _alarm(signum: int, frame: Any) -> None:

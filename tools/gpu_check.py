@@ -13,9 +13,11 @@ fails or runs out of time is reported and the rest still runs:
   cells      each magic's CUDA path as real IPython cells, asserting on the results
              (tools/gpu_cells.py): %%memtrace on a ResNet training step, a real CUDA
              out-of-memory error and the memory coming back, %%gpuprofile on a slow loop
-             whose findings must fire, %gpuwatch with NVML, %gpuenv
-  bench      %%memtrace overhead on a CUDA training cell (target <= 1.02), the probe's cost
-             per statement, NVML's cost per sample (benchmarks/)
+             whose findings must fire, %gpuwatch with NVML, %gpuenv, %%memfit's
+             prediction against the real step's max_memory_allocated (within 10%)
+  bench      %%memtrace overhead on a CUDA training cell (the tensor census on: target
+             <= 1.10; --no-tensors, the counters alone: <= 1.02), the probe's cost per
+             statement, NVML's cost per sample (benchmarks/)
   notebooks  the tutorials in notebooks/ at their GPU size, with nbclient, HTML copies
 
 The site directory and the repository root are exported in PYTHONPATH (the repository
@@ -372,7 +374,7 @@ def parse_junit(path: Path) -> tuple[dict[str, int] | None, list[dict[str, str]]
     return counts, failures
 
 
-CELL_CHECKS = ["shell", "gpuenv", "gpuwatch", "memtrace_resnet", "gpuprofile_slow_loop", "memtrace_oom"]
+CELL_CHECKS = ["shell", "gpuenv", "gpuwatch", "memtrace_resnet", "gpuprofile_slow_loop", "memtrace_oom", "memfit_resnet"]
 
 
 def part_cells(ctx: Context) -> None:
@@ -421,11 +423,18 @@ def memtrace_bench_checks(data: dict[str, Any] | None, res: ChildResult, cuda: b
             status = TIMEOUT if res.timed_out else FAILED
         return [Check("bench", name, status, res.seconds, why) for name in MEMTRACE_BENCH]
     train, probe = data["workloads"]["cnn"], data["workloads"]["tight"]
-    ok = not train["failed"] and res.returncode == 0
+    # the census on (categories) against its target, and --no-tensors (the counters alone)
+    # against the counters' own, both in the one check
+    ok = not train["failed"] and not train.get("counters_failed", False) and res.returncode == 0
     on = f"{train['clock']} time, {data['device']}"
+    counters = (
+        f"; --no-tensors ratio {train['counters_ratio']:.3f} ({train['counters_verdict']})"
+        if "counters_verdict" in train
+        else ""
+    )
     checks = [
         Check("bench", MEMTRACE_BENCH[0], PASSED if ok else FAILED, res.seconds,
-              f"ratio {train['ratio']:.3f} ({on}; {train['verdict']}); {train['spread']}", train),
+              f"ratio {train['ratio']:.3f} ({on}; {train['verdict']}){counters}; {train['spread']}", train),
     ]  # fmt: skip
     probed = str(probe["device"])
     status = PASSED if probed.startswith("cuda") or not cuda else FAILED

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     import os
 
     from gpumagic.environment.freeze import FreezeResult
+    from gpumagic.render.sections import Report
 
 
 @dataclass(frozen=True)
@@ -95,12 +96,7 @@ class EnvReport(Rendered):
 
         return freeze(path, self)
 
-    def _text(self) -> str:
-        from gpumagic.render.env import env_text
+    def _report(self) -> Report:
+        from gpumagic.render.env import env_report
 
-        return env_text(self)
-
-    def _html(self) -> str:
-        from gpumagic.render.env import env_html
-
-        return env_html(self)
+        return env_report(self)

@@ -15,6 +15,7 @@ from typing import Any
 # (module, class) of every Magics class the extension registers, in order.
 MAGIC_CLASSES: list[tuple[str, str]] = [
     ("gpumagic.magics.memtrace", "MemtraceMagics"),
+    ("gpumagic.magics.memfit", "MemfitMagics"),
     ("gpumagic.magics.profile", "ProfileMagics"),
     ("gpumagic.magics.watch", "WatchMagics"),
     ("gpumagic.magics.env", "EnvMagics"),

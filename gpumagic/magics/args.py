@@ -1,25 +1,61 @@
-"""Argument parsing for the magics: bad input raises ``UsageError`` with the usage."""
+"""Argument parsing for the magics: bad input raises ``UsageError`` with the usage, and the
+magic's help (``%magic?``, ``-h`` on the magic's line) is generated from the parser.
+
+Every option has a help text; :func:`documented` puts the parser's help between a magic's
+summary line and the rest of its docstring, which is what IPython's inspector shows for
+``%memtrace?``, and ``-h``/``--help`` on the magic's line prints the same text and runs
+nothing. An option nobody declared is named in the error with the nearest real one
+(``--intervall``: "did you mean --interval?"), never blamed on the value after it.
+"""
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import inspect
 import io
 import keyword
 import re
 import shlex
 import tokenize
-from typing import Any, NoReturn
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, TypeVar
 
 from IPython.core.error import UsageError
 
 _TOKEN = re.compile(r"\s*(\S+)")
+# A negative number is a value (``--wait -1``), never an option: argparse reads it the same
+# way as long as no option looks like one.
+_NEGATIVE = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+_HELP = ("-h", "--help")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """A fixed width: the help becomes a docstring, the same wherever it is read (argparse
+    would take the width of whatever terminal imported the module)."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, width=90, max_help_position=30)
 
 
 class MagicParser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose errors are IPython ``UsageError``s carrying the usage."""
+    """An ``ArgumentParser`` whose errors are IPython ``UsageError``s carrying the usage.
 
-    def __init__(self, prog: str, description: str = "", **kw: Any) -> None:
+    ``forms``: further usage lines, for a magic with more than one form (the line form of a
+    cell magic, ``%gpuprofile --compare A B``); they follow the generated usage in the help.
+    """
+
+    def __init__(
+        self, prog: str, description: str = "", forms: Sequence[str] = (), **kw: Any
+    ) -> None:
+        kw.setdefault("formatter_class", _HelpFormatter)
         super().__init__(prog=prog, description=description, add_help=False, **kw)
+        self.forms = list(forms)
+        self.doc = ""  # the magic's whole help, set by documented()
+        self.add_argument(
+            *_HELP, action="store_true", help="show this help (as %%magic? does) and run nothing"
+        )
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message}\n{self.format_usage().rstrip()}")
@@ -38,23 +74,37 @@ class MagicParser(argparse.ArgumentParser):
             why = "a Python keyword" if keyword.iskeyword(name) else "not an identifier"
             raise self.usage_error(f"{option} {name!r}: not a valid variable name ({why})")
 
-    def parse_line(self, line: str) -> argparse.Namespace:
-        """Parse a whole line of options (a cell magic's first line)."""
+    def format_help(self) -> str:
+        """argparse's help, with the magic's other forms under its usage line."""
+        text = super().format_help()
+        if not self.forms:
+            return text
+        usage, sep, rest = text.partition("\n\n")
+        others = "".join(f"\n       {form}" for form in self.forms)
+        return f"{usage}{others}{sep}{rest}"
+
+    def help_text(self) -> str:
+        """What ``-h`` prints: the magic's whole help (its docstring), else the parser's."""
+        return self.doc or self.format_help()
+
+    # -- parsing ---------------------------------------------------------------------------
+    def parse_line(self, line: str) -> argparse.Namespace | None:
+        """Parse a whole line of options (a cell magic's first line); None after ``-h``,
+        whose help is printed."""
         try:
             tokens = shlex.split(line)
         except ValueError as exc:  # unbalanced quotes
             raise self.usage_error(str(exc)) from None
+        if self._wants_help(tokens):
+            return None
+        self._check_options(tokens)
         return self.parse_args(tokens)
 
-    def parse_prefix(self, line: str) -> tuple[argparse.Namespace, str]:
+    def parse_prefix(self, line: str) -> tuple[argparse.Namespace, str] | None:
         """Parse the options at the start of ``line``; return them and the raw rest
-        (a line magic's statement, kept exactly as typed). ``--`` ends the options."""
-        takes_value = {
-            opt
-            for action in self._actions
-            if action.nargs != 0 and action.option_strings
-            for opt in action.option_strings
-        }
+        (a line magic's statement, kept exactly as typed). ``--`` ends the options. An option
+        whose value is optional (``-o``) takes none here: what follows is the statement, as
+        in ``%timeit -o STATEMENT``. None after ``-h``, whose help is printed."""
         pos = 0
         tokens: list[str] = []
         expect_value = False
@@ -74,14 +124,113 @@ class MagicParser(argparse.ArgumentParser):
             if not tok.startswith("-") or tok == "-":
                 break
             name = tok.split("=", 1)[0]
-            if name not in self._option_string_actions:
-                raise self.usage_error(f"unrecognized option: {tok}")
+            action = self._option_string_actions.get(name)
+            if action is None:
+                raise self.usage_error(f"unrecognized option: {tok}{self._did_you_mean(name)}")
             tokens.append(tok)
-            expect_value = name in takes_value and "=" not in tok
+            expect_value = action.nargs not in (0, "?") and "=" not in tok
             pos = m.end()
         if expect_value:
             raise self.usage_error(f"option {tokens[-1]} expects a value")
+        if self._wants_help(tokens):
+            return None
         return self.parse_args(tokens), line[pos:].strip()
+
+    def _wants_help(self, tokens: Sequence[str]) -> bool:
+        options = tokens[: tokens.index("--")] if "--" in tokens else tokens
+        if not any(t in _HELP for t in options):
+            return False
+        print(self.help_text())
+        return True
+
+    def _check_options(self, tokens: Sequence[str]) -> None:
+        """Name an option nobody declared before argparse sees it: argparse would set it
+        aside and blame the value after it (``%gpuwatch --intervall 1`` said "invalid choice:
+        '1'"). Values are skipped as argparse skips them; abbreviations argparse accepts (a
+        unique prefix of a long option) pass."""
+        i = 0
+        while i < len(tokens):
+            tok = tokens[i]
+            i += 1
+            if tok == "--":
+                return
+            if not tok.startswith("-") or tok == "-" or _NEGATIVE.match(tok):
+                continue
+            name, has_value = tok.split("=", 1)[0], "=" in tok
+            action = self._known(name)
+            if action is None:
+                raise self.usage_error(
+                    f"unrecognized arguments: {name}{self._did_you_mean(name)}"
+                )
+            if has_value or action.nargs == 0:
+                continue
+            if action.nargs == "?":  # a value only if one follows
+                i += int(i < len(tokens) and not _is_option(tokens[i]))
+            elif action.nargs is None or isinstance(action.nargs, int):
+                i += action.nargs if isinstance(action.nargs, int) else 1
+            else:  # "*" / "+": every value up to the next option
+                while i < len(tokens) and not _is_option(tokens[i]):
+                    i += 1
+
+    def _known(self, name: str) -> argparse.Action | None:
+        actions = self._option_string_actions
+        if name in actions:
+            return actions[name]
+        if name.startswith("--"):
+            matches = {actions[o] for o in actions if o.startswith(name) and o.startswith("--")}
+            return matches.pop() if len(matches) == 1 else None
+        if len(name) > 2 and name[:2] in actions:  # -qo: short flags run together
+            return actions[name[:2]]
+        return None
+
+    def _did_you_mean(self, name: str) -> str:
+        close = difflib.get_close_matches(name, list(self._option_string_actions), n=1, cutoff=0.6)
+        return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _is_option(token: str) -> bool:
+    return token.startswith("-") and token != "-" and not _NEGATIVE.match(token)
+
+
+def documented(parser: MagicParser) -> Callable[[F], F]:
+    """Give a magic the help its parser generates: the docstring becomes its summary line,
+    the parser's help (every form, every option with its help text), then the rest of the
+    docstring; ``-h`` on the magic's line prints the same. The function itself is returned
+    (no wrapper: a cell's traceback has no extra frame)."""
+
+    def decorate(fn: F) -> F:
+        summary, _, prose = inspect.cleandoc(fn.__doc__ or "").partition("\n")
+        parts = (summary.strip(), parser.format_help().rstrip(), inspect.cleandoc(prose))
+        fn.__doc__ = parser.doc = "\n\n".join(p for p in parts if p)
+        return fn
+
+    return decorate
+
+
+def output_option(parser: MagicParser, returns: str) -> None:
+    """``-o``: as ``%timeit -o``, the magic returns its result (``returns`` says what that
+    replaces); ``-o NAME``, the spelling of earlier versions, stores it in NAME instead."""
+    parser.add_argument(
+        "-o",
+        "--output",
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="NAME",
+        help="return the result, as %%timeit -o does ("
+        + returns.replace("%", "%%")
+        + "); -o NAME keeps it in the variable NAME (the spelling of earlier versions)",
+    )
+
+
+def returns_result(opts: argparse.Namespace) -> bool:
+    """``-o`` given without a name: return the result (``%timeit -o``)."""
+    return opts.output is True
+
+
+def output_name(opts: argparse.Namespace) -> str | None:
+    """The NAME of ``-o NAME``, None without one."""
+    return opts.output if isinstance(opts.output, str) else None
 
 
 def without_silencer(line: str) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class, output_can_be_silenced
 
-from gpumagic.magics.args import MagicParser, without_silencer
+from gpumagic.magics.args import MagicParser, documented, without_silencer
 
 PARSER = MagicParser(
     "%gpuenv",
@@ -26,10 +26,9 @@ PARSER.add_argument(
 class EnvMagics(Magics):
     @output_can_be_silenced
     @line_magic
+    @documented(PARSER)
     def gpuenv(self, line: str = "") -> Any:
         """The GPU environment of this kernel, with known traps flagged.
-
-        %gpuenv [--freeze FILE]
 
         Shows GPU names and memory, the NVIDIA driver, the CUDA runtime torch was built with,
         cuDNN, NCCL, key package versions, the determinism/TF32 flags, CUDA_VISIBLE_DEVICES and
@@ -38,12 +37,14 @@ class EnvMagics(Magics):
         shows nothing) and stored as ``_gpuenv``; ``gpumagic.env()`` returns the same report
         from a script. --freeze writes every installed distribution pinned (the name picks
         the format; ``Dockerfile`` writes an image definition and its requirements beside it)
-        and says where, above the report.
+        and says what it wrote, and where; the report is kept in ``_gpuenv``, not shown again.
         """
         from gpumagic.environment import FreezeError, env
         from gpumagic.environment.freeze import freeze, freeze_format
 
         opts = PARSER.parse_line(without_silencer(line))
+        if opts is None:  # -h: the help was printed
+            return None
         if opts.freeze is not None:
             try:  # before the slow part: a wrong extension is a typo worth failing fast on
                 freeze_format(opts.freeze)
@@ -59,10 +60,11 @@ class EnvMagics(Magics):
         shell: Any = self.shell
         shell.user_ns["_gpuenv"] = report
         if written is not None:
-            # The note on the file is displayed and the report returned, as for a bare
-            # %gpuenv: `e = %gpuenv --freeze f` keeps the same EnvReport, and a trailing ";"
-            # hides the long report but still says that, and where, a file was written.
+            # What was written, and where, is the answer to --freeze: the note is shown (also
+            # after a trailing ";": a file was written) and the report it pinned is kept in
+            # _gpuenv, not shown a second time under a note that asked only for a file.
             from IPython.display import display
 
             display(written)
+            return None
         return report

@@ -12,13 +12,20 @@ from IPython.core.magic import (
     output_can_be_silenced,
 )
 
-from gpumagic.magics.args import MagicParser
+from gpumagic.magics.args import (
+    MagicParser,
+    documented,
+    output_name,
+    output_option,
+    returns_result,
+)
 
 PARSER = MagicParser(
     "%%memtrace",
     description="Run the cell and account memory to each statement.",
+    forms=["%memtrace [options] STATEMENT   (one statement)"],
 )
-PARSER.add_argument("-o", "--output", metavar="NAME", help="also store the result under NAME")
+output_option(PARSER, "a cell's value, a statement's value")
 PARSER.add_argument(
     "-d", "--device", metavar="DEV", help="cuda, cuda:N or host (default: CUDA if available)"
 )
@@ -31,6 +38,11 @@ PARSER.add_argument(
     action="store_true",
     help="synchronise the CUDA device at each statement, so its time includes its GPU work",
 )
+PARSER.add_argument(
+    "--no-tensors",
+    action="store_true",
+    help="no tensor census (no categories): the CUDA allocator's counters alone, or the host's RSS",
+)
 
 
 @magics_class
@@ -38,21 +50,28 @@ class MemtraceMagics(Magics):
     @no_var_expand
     @output_can_be_silenced
     @line_cell_magic
+    @documented(PARSER)
     def memtrace(self, line: str, cell: str | None = None) -> Any:
-        """Per-statement memory accounting.
+        """Per-statement memory accounting: one row per statement of the cell.
 
-        %%memtrace [-o NAME] [--device DEV] [--sync] [--quiet] [--no-live]   (one row per statement)
-        %memtrace [options] STATEMENT                               (one statement)
-
-        The result (``_memtrace``, and NAME with -o) has ``.lines``, a DataFrame with
-        line, source, hits, delta_bytes, peak_bytes, allocated_bytes, reserved_bytes,
-        host_delta_bytes, host_peak_bytes (and params/grads/optimizer/other when the
-        namespace holds models), and ``.plot()``. Per-statement peaks reset the device's
-        peak counter (``torch.cuda.max_memory_allocated``) at each statement.
+        Counts tensor bytes on the traced device (CUDA, else the CPU) by category:
+        parameters, gradients, optimizer state, activations, temporaries, inputs, other.
+        The result (``_memtrace``, and NAME with -o NAME) has ``.lines``, a DataFrame with
+        line, source, hits, delta_bytes (summed over hits), delta_per_hit_bytes,
+        peak_bytes (the highest hit), allocated_bytes, reserved_bytes, host_delta_bytes,
+        host_peak_bytes (the process's RSS) and one ``<category>_bytes`` column per
+        category; ``.timeline`` (memory by category over the cell), ``.at_peak`` (what was
+        alive at the peak, activations by module), ``.export_memory_viz(path)`` and
+        ``.plot()``. Per-statement peaks reset the device's peak counter
+        (``torch.cuda.max_memory_allocated``) at each statement.
 
         On CUDA the ``time`` column is host time (kernels run asynchronously); ``--sync``
         waits for the device at each statement boundary so each time includes the GPU work
         the statement queued, and the report says what those waits cost.
+
+        With ``-o`` the magic returns the result in place of the cell's (or the statement's)
+        value, as ``%timeit -o`` does: ``t = %memtrace -o x @ y`` keeps it, and a cell's
+        ``Out[]`` shows it once.
         """
         __tracebackhide__ = True
         from gpumagic.cell import prepare, run_measured
@@ -61,7 +80,10 @@ class MemtraceMagics(Magics):
         from gpumagic.render.live import LiveResult, LiveView
         from gpumagic.render.memtrace import memtrace_live_html
 
-        opts, source, header = _parse(line, cell)
+        parsed = _parse(line, cell)
+        if parsed is None:  # -h: the help was printed
+            return None
+        opts, source, header = parsed
         shell: Any = self.shell
         prepared = prepare(shell, source, header, instrument=True)
         try:
@@ -71,33 +93,44 @@ class MemtraceMagics(Magics):
                 opts.device,
                 sync=opts.sync,
                 cell_filename=prepared.filename,
+                tensors=not opts.no_tensors,
             )
         except DeviceError as exc:
             raise PARSER.usage_error(str(exc)) from None
         mode = "off" if opts.quiet or opts.no_live else None
         view = LiveView(lambda: memtrace_live_html(run.status()), delay=1.0, interval=1.0, mode=mode)
 
+        kept: dict[str, Any] = {}
+
         def present(result: Any) -> Any:
             if result is None:
                 return None
             result.live_frames = view.pushes
-            shell.user_ns["_memtrace"] = result
-            if opts.output:
-                shell.user_ns[opts.output] = result
-            return None if opts.quiet else result
+            shell.user_ns["_memtrace"] = kept["result"] = result
+            if output_name(opts):
+                shell.user_ns[output_name(opts)] = result
+            # -o: the result is the magic's value, shown once as Out[] (`t = ...` keeps it)
+            return None if opts.quiet or returns_result(opts) else result
 
-        return run_measured(shell, prepared, run, LiveResult(view, present))
+        value = run_measured(shell, prepared, run, LiveResult(view, present))
+        return kept.get("result") if returns_result(opts) else value
 
 
-def _parse(line: str, cell: str | None) -> tuple[Any, str, str | None]:
-    """(options, source, the magic's own line for a cell, None for %memtrace STATEMENT)."""
+def _parse(line: str, cell: str | None) -> tuple[Any, str, str | None] | None:
+    """(options, source, the magic's own line for a cell, None for %memtrace STATEMENT);
+    None after -h."""
     if cell is None:
-        opts, statement = PARSER.parse_prefix(line)
+        parsed = PARSER.parse_prefix(line)
+        if parsed is None:
+            return None
+        opts, statement = parsed
         if not statement:
             raise PARSER.usage_error("give a statement to trace, or use %%memtrace as a cell magic")
         source, header = statement, None
     else:
-        opts = PARSER.parse_line(line)
-        source, header = cell, f"%%memtrace {line}".rstrip()
-    PARSER.check_variable("-o", opts.output)
+        whole = PARSER.parse_line(line)
+        if whole is None:
+            return None
+        opts, source, header = whole, cell, f"%%memtrace {line}".rstrip()
+    PARSER.check_variable("-o", output_name(opts))
     return opts, source, header

@@ -12,26 +12,64 @@ from IPython.core.magic import (
 )
 
 from gpumagic.cell import running_cell_number
-from gpumagic.magics.args import MagicParser, without_silencer
-from gpumagic.render.html import Note, Rendered, escape, wrap
+from gpumagic.magics.args import (
+    MagicParser,
+    documented,
+    output_name,
+    output_option,
+    returns_result,
+    without_silencer,
+)
+from gpumagic.render.html import BOX_STYLE, Note, Rendered, escape, wrap
 
 PARSER = MagicParser(
     "%%gpuprofile",
     description="Profile the cell under torch.profiler and explain where the time went.",
+    forms=[
+        "%gpuprofile --compare A B [-o [NAME]] [-q]   two runs kept with -n, side by side",
+        "%gpuprofile --load PATH [--rows N] [-o [NAME]] [-q]   a saved trace or rank folder",
+    ],
 )
 PARSER.add_argument("-n", "--name", metavar="NAME", help="keep this run under NAME for --compare")
-PARSER.add_argument("-o", "--output", metavar="VAR", help="also store the result in variable VAR")
+output_option(PARSER, "a cell's value; the line forms return theirs anyway")
 PARSER.add_argument(
     "--rows", type=int, default=15, metavar="N", help="rows in the operator and kernel tables"
 )
-PARSER.add_argument("--memory", action="store_true", help="record memory (profile_memory=True)")
+# torch.profiler's own names first (profile(profile_memory=..., record_shapes=...,
+# with_stack=..., with_flops=...)); the short spellings of earlier versions stay as aliases.
 PARSER.add_argument(
-    "--shapes", action="store_true", help="record input shapes (record_shapes=True)"
+    "--profile-memory",
+    "--memory",
+    dest="memory",
+    action="store_true",
+    help="record memory (torch.profiler's profile_memory=True)",
 )
-PARSER.add_argument("--stack", action="store_true", help="record Python stacks (with_stack=True)")
-PARSER.add_argument("--flops", action="store_true", help="estimate FLOPs (with_flops=True)")
 PARSER.add_argument(
-    "--wait", type=int, metavar="N", help="schedule: steps to skip (needs gpumagic.step())"
+    "--record-shapes",
+    "--shapes",
+    dest="shapes",
+    action="store_true",
+    help="record input shapes (record_shapes=True)",
+)
+PARSER.add_argument(
+    "--with-stack",
+    "--stack",
+    dest="stack",
+    action="store_true",
+    help="record Python stacks (with_stack=True)",
+)
+PARSER.add_argument(
+    "--with-flops",
+    "--flops",
+    dest="flops",
+    action="store_true",
+    help="estimate FLOPs (with_flops=True)",
+)
+PARSER.add_argument(
+    "--wait",
+    type=int,
+    metavar="N",
+    help="schedule, as torch.profiler.schedule(wait=N): steps to skip (needs gpumagic.step())",
 )
 PARSER.add_argument("--warmup", type=int, metavar="N", help="schedule: warm-up steps")
 PARSER.add_argument("--active", type=int, metavar="N", help="schedule: steps to record")
@@ -39,6 +77,14 @@ PARSER.add_argument(
     "--keep-first",
     action="store_true",
     help="keep the first gpumagic.step() step (first-call setup) in the step statistics",
+)
+PARSER.add_argument(
+    "--repeat",
+    type=int,
+    default=1,
+    metavar="N",
+    help="run the cell N times: the steps of every run are samples of the step time, so "
+    "--compare counts run-to-run noise too (the tables describe the last run)",
 )
 PARSER.add_argument(
     "--no-attribution",
@@ -54,7 +100,7 @@ PARSER.add_argument(
     "-q",
     "--quiet",
     action="store_true",
-    help="display nothing (a line magic returns None); the result is still stored",
+    help="display nothing (a line form returns None unless -o); the result is still stored",
 )
 PARSER.add_argument(
     "--compare", nargs=2, metavar=("A", "B"), help="compare two named runs (line magic)"
@@ -78,7 +124,8 @@ class _Display(Rendered):
         html = self.result.to_html(rows=self.rows)
         if self.note:
             note = escape(self.note).replace("\n", "<br>")
-            html = wrap("profile-note", f'<div class="gm-box">{note}</div>') + html
+            box = f'<div class="gm-box" style="{BOX_STYLE["box"]}">{note}</div>'
+            html = wrap("profile-note", box) + html
         return html
 
 
@@ -93,37 +140,40 @@ class ProfileMagics(Magics):
     # $path" from a parameters cell is what a notebook wants.
     @output_can_be_silenced
     @line_cell_magic
+    @documented(PARSER)
     def gpuprofile(self, line: str, cell: str | None = None) -> Any:
         """Profile a cell under torch.profiler: step-time breakdown, GPU idle, tables, diagnosis.
 
-        %%gpuprofile [-n NAME] [-o VAR] [--rows N] [--memory] [--shapes] [--stack] [--flops]
-                     [--wait N --warmup N --active N] [--keep-first] [--no-attribution]
-                     [--trace PATH] [--quiet]
-        %gpuprofile --compare A B       side by side, with deltas, of two runs kept with -n
-        %gpuprofile --load PATH         analyse a saved Chrome trace or per-rank directory
-
-        The line forms return their result, as ``%timeit -o`` does: ``cmp = %gpuprofile
-        --compare A B`` keeps it, a bare call shows it as ``Out[]``, and a trailing ``;``
-        (or ``--quiet``, which returns None) shows nothing. It is also stored in
-        ``_gpuprofile_compare`` / ``_gpuprofile``, and in VAR with -o.
+        The line forms return their result: ``cmp = %gpuprofile --compare A B`` keeps it, a
+        bare call shows it as ``Out[]``, and a trailing ``;`` (or ``--quiet``, which returns
+        None unless -o) shows nothing. It is also stored in ``_gpuprofile_compare`` /
+        ``_gpuprofile``, and in NAME with -o NAME. ``%%gpuprofile -o`` returns the result in
+        place of the cell's value, as ``%timeit -o`` does. ``--compare`` gives each change
+        with its 95% interval, and a verdict: faster, slower, or no difference beyond the noise.
 
         Inside the cell, ``gpumagic.step()`` marks the end of a training step (a no-op
         outside a profile); without marks each DataLoader batch starts a step, else the
         whole cell is one step. Without a schedule the first marked step (first-call setup:
         cuBLAS/cuDNN handles, lazy CUDA module loading, autotuning) is left out of the step
-        statistics when others follow; ``--keep-first`` keeps it. The result (``_gpuprofile``,
-        and VAR with -o) has ``.summary``, ``.breakdown``, ``.steps``, ``.ops``, ``.kernels``,
-        ``.idle``, ``.findings``, ``.notes`` and ``.export(path)``; ``.lines`` (time per
-        statement of the cell) and ``.modules`` (per ``nn.Module`` instance, forward and
-        backward), and each finding's ``line``/``source``/``module`` say where in the code the
-        time went. ``--no-attribution`` leaves the cell uninstrumented.
+        statistics when others follow; ``--keep-first`` keeps it. ``--repeat N`` runs the cell
+        N times: each run's steps are samples of the step time, so a comparison's interval
+        counts the noise from run to run, not only from step to step. The result
+        (``_gpuprofile``, and NAME with -o NAME) has ``.summary``, ``.breakdown``, ``.steps``,
+        ``.ops``, ``.kernels``, ``.idle``, ``.findings``, ``.notes`` and ``.export(path)``;
+        ``.lines`` (time per statement of the cell) and ``.modules`` (per ``nn.Module``
+        instance, forward and backward), and each finding's ``line``/``source``/``module`` say
+        where in the code the time went. ``--no-attribution`` leaves the cell uninstrumented.
         """
         __tracebackhide__ = True
         opts = PARSER.parse_line(without_silencer(line) if cell is None else line)
-        PARSER.check_variable("-o", opts.output)
+        if opts is None:  # -h: the help was printed
+            return None
+        PARSER.check_variable("-o", output_name(opts))
         PARSER.check_variable("-n", opts.name)
         if opts.rows < 1:
             raise PARSER.usage_error("--rows must be at least 1")
+        if opts.repeat < 1:
+            raise PARSER.usage_error("--repeat must be at least 1")
         if cell is None:
             return self._line(opts)
         if opts.compare or opts.load:
@@ -143,7 +193,7 @@ class ProfileMagics(Magics):
             a, b = (self._run_named(n) for n in opts.compare)
             comparison = compare(a, b)
             self._store(comparison, opts, kind="comparison")
-            return None if opts.quiet else comparison
+            return None if opts.quiet and not returns_result(opts) else comparison
         if opts.load:
             from gpumagic.profile.load import load_trace
             from gpumagic.profile.trace.errors import TraceError
@@ -154,7 +204,7 @@ class ProfileMagics(Magics):
                 raise PARSER.usage_error(str(exc)) from None
             result.display_rows = opts.rows  # the Out[] and any later display of it
             self._store(result, opts)
-            return None if opts.quiet else result
+            return None if opts.quiet and not returns_result(opts) else result
         raise PARSER.usage_error("as a line magic, give --compare A B or --load PATH")
 
     def _run_named(self, name: str) -> Any:
@@ -171,42 +221,87 @@ class ProfileMagics(Magics):
     # -- %%gpuprofile ---------------------------------------------------------------------------
     def _profile(self, opts: Any, cell: str, line: str) -> Any:
         __tracebackhide__ = True
-        from gpumagic.cell import prepare, run_measured
+        from gpumagic.cell import prepare
+
+        shell: Any = self.shell
+        prepared = prepare(
+            shell, cell, f"%%gpuprofile {line}".rstrip(), instrument=not opts.no_attribution
+        )
+        # the temporary trace file's name says nothing: a cell is known by its In[n]
+        number = running_cell_number(shell)
+        name = opts.name or (f"cell In[{number}]" if number is not None else "cell")
+        earlier: list[Any] = []  # the analysed results of the runs before the last
+        value = None
+        for i in range(opts.repeat):
+            value = self._run_once(prepared, opts, name, earlier, last=i == opts.repeat - 1)
+        return value
+
+    def _run_once(self, prepared: Any, opts: Any, name: str, earlier: list[Any], last: bool) -> Any:
+        """One profiled run of the cell (of ``--repeat N``); the cell's value."""
+        __tracebackhide__ = True
+        from gpumagic.cell import run_measured
         from gpumagic.profile.record.recorder import RecordError, RecordOptions
         from gpumagic.profile.record.run import ProfileRun
         from gpumagic.render.live import LiveResult, LiveView
         from gpumagic.render.profile_live import profile_live_html
 
-        shell: Any = self.shell
-        attribute = not opts.no_attribution
-        prepared = prepare(shell, cell, f"%%gpuprofile {line}".rstrip(), instrument=attribute)
-        # the temporary trace file's name says nothing: a cell is known by its In[n]
-        number = running_cell_number(shell)
         options = RecordOptions(
             opts.memory, opts.shapes, opts.stack, opts.flops, opts.wait, opts.warmup, opts.active
         )
         try:
             run = ProfileRun(
                 prepared.statements,
-                shell.user_ns,
+                self.shell.user_ns,  # type: ignore[union-attr]
                 options,
-                attribute=attribute,
-                name=opts.name or (f"cell In[{number}]" if number is not None else "cell"),
-                trace_path=opts.trace,
+                attribute=not opts.no_attribution,
+                name=name,
+                trace_path=opts.trace if last else None,
                 keep_first=opts.keep_first,
             )
         except ImportError as exc:
             raise PARSER.usage_error(f"%%gpuprofile needs torch: {exc}") from None
         except (RecordError, ValueError) as exc:  # one inside another; a bad schedule
             raise PARSER.usage_error(str(exc)) from None
-        mode = "off" if opts.quiet else None
-        view = LiveView(lambda: profile_live_html(run.status()), delay=1.0, interval=1.0, mode=mode)
+
+        def live_html() -> str:
+            return profile_live_html(run.status())
+
+        # one display slot per cell: the runs before the last of --repeat N show none (a
+        # live view would leave an empty output behind each of them)
+        mode = "off" if opts.quiet or not last else None
+        view = LiveView(live_html, delay=1.0, interval=1.0, mode=mode)
+        present, kept = self._presenter(view, opts, earlier, last)
+        value = run_measured(self.shell, prepared, run, LiveResult(view, present))
+        if last and returns_result(opts) and "result" in kept:
+            # -o: the result is the magic's value (Out[] shows it with --rows rows)
+            kept["result"].display_rows = opts.rows
+            return kept["result"]
+        return value
+
+    def _presenter(
+        self, view: Any, opts: Any, earlier: list[Any], last: bool
+    ) -> tuple[Any, dict[str, Any]]:
+        """What ends one run of ``--repeat N``: a run before the last keeps its result as
+        samples and shows nothing, unless the cell failed there (then, as the last run, it
+        shows what the runs so far measured, and the cell's error ends the repeats). The dict
+        receives the result shown, for ``-o``."""
+
+        kept: dict[str, Any] = {}
 
         def present(done: Any) -> Any:
             self.last_live_frames = view.pushes
+            if done is None:
+                return None
+            if not last and not done.cell_error and done.analysed and done.result is not None:
+                earlier.append(done.result)
+                return None
+            if done.result is not None and earlier:
+                done.result = done.result.with_earlier_runs(earlier)
+            if done.result is not None:
+                kept["result"] = done.result
             return self._kept_and_shown(done, opts)
 
-        return run_measured(shell, prepared, run, LiveResult(view, present))
+        return present, kept
 
     def _kept_and_shown(self, done: Any, opts: Any) -> Any:
         """Keep the result under its names; what to show in the live view's place."""
@@ -221,8 +316,8 @@ class ProfileMagics(Magics):
     def _store(self, result: Any, opts: Any, kind: str = "profile") -> None:
         ns = self.shell.user_ns  # type: ignore[union-attr]
         ns["_gpuprofile" if kind == "profile" else "_gpuprofile_compare"] = result
-        if opts.output:
-            ns[opts.output] = result
+        if output_name(opts):
+            ns[output_name(opts)] = result
 
 
 def _shown(opts: Any, done: Any) -> Any:
@@ -236,6 +331,8 @@ def _shown(opts: Any, done: Any) -> Any:
         )
     notes += [f"%%gpuprofile: {p}" for p in done.problems]
     if done.analysed and done.result is not None:
+        if returns_result(opts):  # the report is the magic's value: only the notes here
+            return Note("\n".join(notes), "profile-note", box=True) if notes else None
         return _Display(done.result, opts.rows, "\n".join(notes))
     if not done.problems:
         notes.append("%%gpuprofile: no profile was recorded")

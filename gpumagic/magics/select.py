@@ -6,18 +6,35 @@ from typing import Any
 
 from IPython.core.magic import Magics, line_magic, magics_class, output_can_be_silenced
 
-from gpumagic.magics.args import MagicParser, without_silencer
+from gpumagic.magics.args import MagicParser, documented, without_silencer
 
 PARSER = MagicParser(
     "%gpuselect",
     description="Pick the least-loaded GPUs of a shared box and make them this kernel's GPUs "
     "(sets CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER=PCI_BUS_ID); run it before CUDA starts.",
 )
-PARSER.add_argument("count", nargs="?", default="1", metavar="N", help="how many GPUs (default 1)")
+PARSER.add_argument("count", nargs="?", default=None, metavar="N", help="how many GPUs (default 1)")
+# nvitop's names (its nvisel command and select_devices(min_free_memory=...,
+# max_gpu_utilization=...)); the shorter spellings of earlier versions stay as aliases.
 PARSER.add_argument(
-    "--min-free", metavar="SIZE", help="only GPUs with at least this much free memory (8GiB, 500MiB)"
+    "-n", "--count", dest="count_option", metavar="N", help="how many GPUs, as nvisel -n N"
 )
-PARSER.add_argument("--max-util", metavar="PCT", help="only GPUs at most this busy (percent)")
+PARSER.add_argument(
+    "-f",
+    "--min-free-memory",
+    "--min-free",
+    dest="min_free",
+    metavar="SIZE",
+    help="only GPUs with at least this much free memory (8GiB, 500MiB)",
+)
+PARSER.add_argument(
+    "-G",
+    "--max-gpu-utilization",
+    "--max-util",
+    dest="max_util",
+    metavar="PCT",
+    help="only GPUs at most this busy (percent)",
+)
 PARSER.add_argument(
     "--no-others", action="store_true", help="only GPUs no other process is using"
 )
@@ -27,10 +44,9 @@ PARSER.add_argument(
 class SelectMagics(Magics):
     @output_can_be_silenced
     @line_magic
+    @documented(PARSER)
     def gpuselect(self, line: str = "") -> Any:
         """Choose the N least-loaded GPUs (free memory, utilisation, other users' processes).
-
-        %gpuselect [N] [--min-free SIZE] [--max-util PCT] [--no-others]
 
         Sets CUDA_VISIBLE_DEVICES to the chosen GPUs (nvidia-smi's numbers) and
         CUDA_DEVICE_ORDER=PCI_BUS_ID, shows every GPU with why it was or was not chosen, and
@@ -39,17 +55,25 @@ class SelectMagics(Magics):
         that it refuses, changing nothing, as it does without an NVIDIA GPU or NVML.
         ``gpumagic.select_gpus(...)`` does the same from a script (raising ValueError).
         """
-        from gpumagic.monitor.choose import select_gpus
+        from IPython.core.error import UsageError
+
+        from gpumagic.monitor.choose import SelectError, select_gpus
+        from gpumagic.units import parse_percent
 
         opts = PARSER.parse_line(without_silencer(line))
+        if opts is None:  # -h: the help was printed
+            return None
+        if opts.count is not None and opts.count_option is not None:
+            raise PARSER.usage_error("give N once: as the first word or with -n/--count")
+        given = opts.count if opts.count is not None else opts.count_option
         try:
-            count = int(opts.count)
+            count = int(given) if given is not None else 1
         except ValueError:
-            raise PARSER.usage_error(f"N must be a whole number of GPUs, got {opts.count!r}") from None
+            raise PARSER.usage_error(f"N must be a whole number of GPUs, got {given!r}") from None
         max_util: float | None = None
         if opts.max_util is not None:
             try:
-                max_util = float(opts.max_util.rstrip("%"))
+                max_util = parse_percent(opts.max_util)
             except ValueError:
                 raise PARSER.usage_error(
                     f"--max-util must be a percentage, got {opts.max_util!r}"
@@ -61,5 +85,9 @@ class SelectMagics(Magics):
                 max_gpu_utilization=max_util,
                 no_others=opts.no_others,
             )
+        except SelectError as exc:
+            # not a typo: no GPU here, CUDA started already, too few GPUs qualify. Said
+            # plainly, without the usage line that would send the user looking for one.
+            raise UsageError(f"%gpuselect: {exc}; nothing was changed") from None
         except ValueError as exc:
             raise PARSER.usage_error(str(exc)) from None

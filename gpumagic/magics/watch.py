@@ -7,40 +7,89 @@ from typing import Any
 
 from IPython.core.magic import Magics, line_magic, magics_class, output_can_be_silenced
 
-from gpumagic.magics.args import MagicParser, without_silencer
+from gpumagic.magics.args import (
+    MagicParser,
+    documented,
+    output_name,
+    output_option,
+    returns_result,
+    without_silencer,
+)
 from gpumagic.render.html import Note
 
 PARSER = MagicParser(
     "%gpuwatch",
-    description="Live inline chart of GPU utilisation, memory, temperature and power (host CPU/RAM without a GPU).",
+    description="Live inline chart of GPU utilisation, memory, temperature and power (host CPU/RAM "
+    "without a GPU); with --prometheus, every GPU of a multi-node job from its DCGM exporters.",
 )
-PARSER.add_argument("action", nargs="?", default="start", choices=["start", "stop", "status"])
+PARSER.add_argument(
+    "action",
+    nargs="?",
+    default="start",
+    choices=["start", "stop", "status"],
+    help="start (the default) a watch and its live chart; status: the values now and the "
+    "alerts; stop: the summary, per-cell peaks and the CSV path",
+)
+# -i/--interval as nvitop's --interval; nvidia-smi's spellings (-l/--loop, --id,
+# -f/--filename) are accepted too, for what they mean there.
 PARSER.add_argument(
     "-i",
     "--interval",
+    "-l",
+    "--loop",
+    dest="interval",
     type=float,
-    default=1.0,
+    default=None,
     metavar="SECONDS",
-    help="seconds between samples (floor 0.1)",
+    help="seconds between samples (floor 0.1; default 1, or 5 with --prometheus)",
 )
 PARSER.add_argument(
-    "--log", metavar="FILE.csv", help="append every sample to this CSV (nvidia-smi column names)"
+    "--log",
+    "-f",
+    "--filename",
+    dest="log",
+    metavar="FILE.csv",
+    help="append every sample to this CSV (nvidia-smi column names)",
 )
-PARSER.add_argument("--gpus", metavar="0,1", help="CUDA indexes to watch (default: all visible)")
+PARSER.add_argument(
+    "--gpus",
+    "--id",
+    dest="gpus",
+    metavar="0,1",
+    help="CUDA indexes to watch (default: all visible)",
+)
 PARSER.add_argument(
     "--window", type=float, default=300.0, metavar="SECONDS", help="history kept and drawn"
 )
-PARSER.add_argument("-o", "--output", metavar="VAR", help="stop: also store the result in VAR")
+output_option(PARSER, "start returns the Watcher; status and stop return theirs anyway")
 PARSER.add_argument(
     "--price",
     metavar="DOLLARS_PER_HOUR",
-    help="what the instance costs per hour: a cost_usd on every cell, the total and the idle share",
+    help="what the instance costs per hour: a cost_usd on every cell, the total and the idle "
+    "share; with --prometheus, dollars per GPU-hour, times the job's GPUs",
 )
 PARSER.add_argument(
     "--idle-alert",
     metavar="DURATION",
     help="alert when every GPU has been idle this long (30m, 2h, 90 = seconds) while this "
     "kernel holds GPU memory; without a GPU, while no cell runs",
+)
+PARSER.add_argument(
+    "--prometheus",
+    metavar="URL",
+    help="watch a job's GPUs on every node: the DCGM exporter series this Prometheus holds "
+    "(http://prometheus:9090)",
+)
+PARSER.add_argument(
+    "--selector",
+    metavar="LABELS",
+    help='with --prometheus, PromQL label matchers picking the job\'s GPUs: Hostname=~"node-[0-3]"',
+)
+PARSER.add_argument(
+    "--serve",
+    metavar="[HOST:]PORT",
+    help="also serve this kernel's samples for Prometheus at http://HOST:PORT/metrics (DCGM "
+    "names for GPU series; HOST defaults to 127.0.0.1, 0.0.0.0 lets other machines scrape)",
 )
 
 
@@ -51,9 +100,15 @@ def _stop_running_watcher() -> None:
     took when this cleanup imported it at load time); a watcher can only be running once
     its module has been imported, so an absent module means there is nothing to stop.
     """
-    watcher = sys.modules.get("gpumagic.monitor.watcher")
-    if watcher is not None:
-        watcher.stop_current()
+    # monitor.start knows both kinds (this kernel's watcher and a job's through Prometheus)
+    for name in ("gpumagic.monitor.start", "gpumagic.monitor.watcher"):
+        module = sys.modules.get(name)
+        if module is not None:
+            module.stop_current()
+            break
+    exporter = sys.modules.get("gpumagic.monitor.exporter")
+    if exporter is not None:
+        exporter.stop_serving()
 
 
 @magics_class
@@ -67,48 +122,54 @@ class WatchMagics(Magics):
 
     @output_can_be_silenced
     @line_magic
+    @documented(PARSER)
     def gpuwatch(self, line: str) -> Any:
         """Watch the GPUs while you work: a live chart that keeps updating while other cells run.
-
-        %gpuwatch [start] [-i SECONDS] [--log FILE.csv] [--gpus 0,1] [--window SECONDS]
-                  [--price DOLLARS_PER_HOUR] [--idle-alert DURATION]
-        %gpuwatch status      current values and alerts
-        %gpuwatch stop [-o VAR]  a static summary, per-cell peaks and the CSV path
 
         status and stop return their result, shown once as ``Out[]`` (``res = %gpuwatch
         stop`` keeps it; a trailing ``;`` hides it). The result of stop (also ``_gpuwatch``)
         has ``.samples`` (one row per device per sample) and ``.cells`` (peak utilisation,
         peak memory, duration, energy and, with --price, cost_usd per cell); status and stop
         results have ``.processes``: who is on the watched GPUs (pid, user, memory, command).
-        Without NVML or an NVIDIA GPU it watches host CPU and RAM and says why.
+        Without NVML or an NVIDIA GPU it watches host CPU and RAM and says why. Starting
+        while a watch runs replaces it; its result goes to ``_gpuwatch``, and a line says so.
+        In a terminal (no live chart) the start is confirmed in one line.
         ``gpumagic.watch(...)`` starts the same watcher from a script.
+
+        --prometheus: every GPU the selector matches, on every node, from the DCGM exporter
+        series in Prometheus (the window's history, then a query every interval): grouped
+        by node (tiles past 16 GPUs), stragglers (well below the job's median utilisation),
+        XID errors, cell marks, job-wide energy and cost per cell. Its result has
+        ``.series`` (time, metric, Hostname, gpu, UUID, modelName, value; the CSV's
+        columns), ``.gpus``, ``.cells``, ``.stragglers``, ``.xid_errors``.
+        --serve: this kernel's samples as a Prometheus endpoint (``gpumagic.serve_metrics``).
         """
         from IPython.display import display
 
-        from gpumagic.monitor import current, watch
-        from gpumagic.render.watch_live import start_live_view
+        from gpumagic.monitor import current
 
         # "%gpuwatch stop ;": IPython passes the ";" on and drops the Out[] itself.
         opts = PARSER.parse_line(without_silencer(line))
-        PARSER.check_variable("-o", opts.output)  # before a stop: a bad name stops nothing
-        if opts.action == "start":
-            try:
-                watcher = watch(
-                    opts.interval,
-                    opts.log,
-                    opts.gpus,
-                    opts.window,
-                    shell=self.shell,
-                    price=opts.price,
-                    idle_alert=opts.idle_alert,
-                )
-            except ValueError as exc:
-                raise PARSER.usage_error(str(exc)) from None
-            start_live_view(watcher)
+        if opts is None:  # -h: the help was printed
             return None
-        given = [f for f, v in (("--price", opts.price), ("--idle-alert", opts.idle_alert)) if v]
+        PARSER.check_variable("-o", output_name(opts))  # before a stop: a bad name stops nothing
+        if opts.action == "start":
+            return self._start(opts)
+        given = [
+            f
+            for f, v in (
+                ("--price", opts.price),
+                ("--idle-alert", opts.idle_alert),
+                ("--prometheus", opts.prometheus),
+                ("--selector", opts.selector),
+                ("--serve", opts.serve),
+            )
+            if v
+        ]
         if given:
-            raise PARSER.usage_error(f"{' and '.join(given)}: given when starting, not to {opts.action}")
+            raise PARSER.usage_error(
+                f"{' and '.join(given)}: given when starting, not to {opts.action}"
+            )
         running = current()
         if running is None:
             display(Note("%gpuwatch: nothing is being watched; start with %gpuwatch", "watch-note"))
@@ -118,6 +179,73 @@ class WatchMagics(Magics):
         result = running.stop()
         ns = self.shell.user_ns  # type: ignore[union-attr]
         ns["_gpuwatch"] = result
-        if opts.output:
-            ns[opts.output] = result
+        if output_name(opts):
+            ns[output_name(opts)] = result
         return result
+
+    def _start(self, opts: Any) -> Any:
+        from IPython.display import display
+
+        from gpumagic.monitor import JobWatcher, current, serve_metrics, watch
+        from gpumagic.render.live import detect_mode
+        from gpumagic.render.watch_live import start_live_view, started_note
+
+        if opts.serve and opts.prometheus:
+            raise PARSER.usage_error(
+                "--serve serves this kernel's own samples: not with --prometheus"
+            )
+        if opts.selector and not opts.prometheus:
+            raise PARSER.usage_error(
+                "--selector picks GPUs among Prometheus's series: give --prometheus URL"
+            )
+        serve = _host_port(opts.serve) if opts.serve else None
+        previous = current()
+        try:
+            watcher = watch(
+                opts.interval,
+                opts.log,
+                opts.gpus,
+                opts.window,
+                shell=self.shell,
+                price=opts.price,
+                idle_alert=opts.idle_alert,
+                prometheus=opts.prometheus,
+                selector=opts.selector,
+            )
+        except ValueError as exc:  # PrometheusError too: its message names the URL
+            raise PARSER.usage_error(str(exc)) from None
+        if previous is not None and previous is not watcher:
+            # watch() stopped it: its result is kept where a stop would have put it
+            self.shell.user_ns["_gpuwatch"] = previous.result()  # type: ignore[union-attr]
+        # Above the live chart: what happened to an earlier watch; in a terminal, where no
+        # chart shows, that this one started.
+        live = detect_mode() != "off"
+        if isinstance(watcher, JobWatcher):
+            from gpumagic.render.job_live import start_job_view
+
+            if not live:
+                display(Note(f"%gpuwatch started: the job's GPUs through {watcher.url}", "watch-note"))
+            start_job_view(watcher)
+            return watcher if returns_result(opts) else None
+        note = started_note(watcher, previous if not isinstance(previous, JobWatcher) else None, live)
+        if note is not None:
+            display(note)
+        start_live_view(watcher)
+        if serve is not None:
+            try:
+                server = serve_metrics(serve[1], serve[0], watcher)
+            except ValueError as exc:
+                raise PARSER.usage_error(str(exc)) from None
+            display(Note(f"%gpuwatch: serving this kernel's samples at {server.url}", "watch-note"))
+        return watcher if returns_result(opts) else None
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    try:
+        number = int(port)
+    except ValueError:
+        raise PARSER.usage_error(
+            f"--serve {text!r}: give PORT or HOST:PORT, like 9401 or 0.0.0.0:9401"
+        ) from None
+    return (host or "127.0.0.1"), number

@@ -2,7 +2,10 @@
 which tensors are on it.
 
 Two kinds (:mod:`gpumagic.device_kinds`): a CUDA device, read through the caching
-allocator's counters, or the host, read as the process's RSS.
+allocator's counters, or the host. On the host the bytes are the CPU's tensors, counted by
+the tensor census (:mod:`gpumagic.memory.tensors`); without torch, or with ``--no-tensors``,
+the process's RSS, which counts pages (library code paged in, freed blocks glibc keeps), not
+tensors.
 
 Nothing here initialises torch's CUDA state. ``torch.cuda.current_device()``, the device's
 name and its properties all run ``torch.cuda._lazy_init``, after which every ``fork``
@@ -28,6 +31,7 @@ __all__ = [
     "DeviceError",
     "TracedDevice",
     "available_devices",
+    "cpu_tensors",
     "cuda_device",
     "resolve_device",
     "tensor_filter",
@@ -38,14 +42,25 @@ class DeviceError(ValueError):
     """An unknown or unusable ``--device``; the message names the devices there are."""
 
 
+# How a traced device's bytes are read.
+ALLOCATOR, TENSORS, RSS = "allocator", "tensors", "rss"
+
+
 @dataclass(frozen=True)
 class TracedDevice:
-    """What a trace tracks: ``cuda:N`` through the allocator, or ``host`` RSS."""
+    """What a trace tracks: ``cuda:N`` through the allocator, the CPU's tensors, or the
+    host's RSS."""
 
     kind: DeviceKind
-    label: str  # "cuda:0 (NVIDIA H200)" or "host RSS"
+    label: str  # "cuda:0 (NVIDIA H200)", "cpu" or "host RSS"
     why: str  # one sentence: why this device, and how peaks are measured
     index: int = -1  # the CUDA index; -1 for the host
+    measure: str = RSS  # ALLOCATOR, TENSORS or RSS
+
+    @property
+    def pages(self) -> bool:
+        """True when the traced bytes are the process's pages (RSS), not tensors."""
+        return self.measure == RSS
 
     def measured_by(self, how: str) -> TracedDevice:
         """The same device, its sentence completed with how the peaks are read (the host's
@@ -153,6 +168,21 @@ def _cuda_device(choice: str, torch: Any) -> tuple[TracedDevice, CudaMemory]:
     return cuda_device(reader), reader
 
 
+def cpu_tensors(device: TracedDevice) -> TracedDevice:
+    """The host traced through its tensors rather than its RSS (the census is running)."""
+    if device.why == "host RSS as asked":
+        reason = "the host as asked: "
+    else:
+        reason = device.why.removesuffix(": host RSS") + ": "
+    why = (
+        f"{reason}tensor bytes on the CPU, each storage torch allocates seen as it is made and "
+        "freed (tensors from before the cell count when a name, a model, an optimizer or an "
+        "autograd graph reaches them); the host columns are the process's RSS, which counts "
+        "pages, not tensors"
+    )
+    return dataclasses.replace(device, label="cpu", why=why, measure=TENSORS)
+
+
 def cuda_device(reader: CudaMemory) -> TracedDevice:
     """The traced device of a CUDA reader, labelled with its name once that is known."""
     why = (
@@ -161,4 +191,4 @@ def cuda_device(reader: CudaMemory) -> TracedDevice:
     )
     index = reader.index
     label = f"cuda:{index} ({reader.name})" if reader.name else f"cuda:{index}"
-    return TracedDevice(CUDA, label, why, index)
+    return TracedDevice(CUDA, label, why, index, measure=ALLOCATOR)

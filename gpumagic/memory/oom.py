@@ -19,9 +19,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpumagic.device_kinds import CUDA, HOST, DeviceKind
-from gpumagic.memory.device import TracedDevice, cuda_device, loaded_torch, tensor_filter
+from gpumagic.memory.device import (
+    TENSORS,
+    TracedDevice,
+    cuda_device,
+    loaded_torch,
+    tensor_filter,
+)
 from gpumagic.memory.holders import Holder, frame_tensors, named_tensors, unnamed_tensor_bytes
-from gpumagic.memory.probes import CudaMemory, HostMemory, Reading
+from gpumagic.memory.probes import CudaMemory, HostMemory, Reader, Reading
 from gpumagic.units import fmt_bytes
 
 _UNITS = {
@@ -142,6 +148,10 @@ class OomReport:
     address_used: int | None = None
     advice: list[str] = field(default_factory=list)
     requested_note: str = ""  # how to read ``requested`` (the allocator's rounded size)
+    # The tensor census at the failure (None without it): bytes by category, in
+    # gpumagic.memory.categories' order, and the activations alive by module, largest first.
+    categories: tuple[int, ...] | None = None
+    activations: list[tuple[str, int]] = field(default_factory=list)
 
     @property
     def limit_note(self) -> str:
@@ -333,7 +343,7 @@ def post_mortem(
     error: BaseException,
     *,
     traced: TracedDevice,
-    reader: CudaMemory | HostMemory,
+    reader: Reader,
     host: HostMemory,
     namespace: Mapping[str, Any],
     cell_filename: str | None,
@@ -355,12 +365,15 @@ def post_mortem(
     without holders is shown.
     """
     kind = oom_kind(error) or traced.kind
-    failed: CudaMemory | HostMemory | None
+    failed: Reader | None
     if kind == CUDA:
         failed = _cuda_reader_for(error, reader)
         keep = tensor_filter(CUDA, failed.index) if failed is not None else traced.holds()
     else:
-        failed, keep = host, tensor_filter(HOST)
+        # The release is measured in the CPU's tensors when the census counts them (exact),
+        # in RSS pages otherwise; the report's "allocated" stays the RSS either way.
+        failed = reader if traced.kind == HOST and traced.measure == TENSORS else host
+        keep = tensor_filter(HOST)
     at_failure: dict[str, Any] = {}
     holders: list[Holder] = []
     released: int | None = None
@@ -396,9 +409,7 @@ def post_mortem(
     return PostMortem(report, after if failed is reader else None)
 
 
-def _cuda_reader_for(
-    error: BaseException, traced: CudaMemory | HostMemory
-) -> CudaMemory | None:
+def _cuda_reader_for(error: BaseException, traced: Reader) -> CudaMemory | None:
     """The traced CUDA reader, or one for the device the error names when the host (or
     another device) is traced; CUDA is initialised by then: the error came from it."""
     index = oom_device_index(error)
@@ -413,9 +424,7 @@ def _cuda_reader_for(
         return None
 
 
-def _state_at_failure(
-    kind: DeviceKind, reader: CudaMemory | HostMemory | None, host: HostMemory
-) -> dict[str, Any]:
+def _state_at_failure(kind: DeviceKind, reader: Reader | None, host: HostMemory) -> dict[str, Any]:
     if kind == CUDA:
         if not isinstance(reader, CudaMemory):
             return {}
@@ -435,7 +444,7 @@ def _state_at_failure(
 
 def _build(
     kind: DeviceKind,
-    reader: CudaMemory | HostMemory | None,
+    reader: Reader | None,
     error: BaseException,
     state: dict[str, Any],
     holders: list[Holder],

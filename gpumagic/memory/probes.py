@@ -38,7 +38,7 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -50,6 +50,15 @@ class Reading:
     current: int
     peak: int
     reserved: int
+
+
+class Reader(Protocol):
+    """What the tracer reads at each statement boundary: a :class:`Reading`, and a reset of
+    the peak at each statement's start."""
+
+    def read(self) -> Reading: ...
+
+    def reset_peak(self) -> None: ...
 
 
 class HostMemory:

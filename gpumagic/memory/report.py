@@ -1,21 +1,27 @@
-"""The ``%%memtrace`` result: per-statement rows as a DataFrame, a table, a plot."""
+"""The ``%%memtrace`` result: per-statement rows as a DataFrame, memory over time by
+category, what was alive at the peak, a table, a chart, a memory-visualiser export."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpumagic.cell import Statement
 from gpumagic.device_kinds import CUDA
+from gpumagic.memory.categories import CATEGORIES, COLUMNS
 from gpumagic.memory.device import TracedDevice
+from gpumagic.memory.ledger import EventLog
 from gpumagic.memory.oom import OomReport
+from gpumagic.memory.timeline import AtPeak, at_peak_of, timeline_frame
 from gpumagic.render.html import Rendered
 from gpumagic.units import fmt_count, fmt_us
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from gpumagic.memory.tracer import TraceTotals
+    from gpumagic.memory.tracer import Categories, PeakMoment, Point, TraceTotals
+    from gpumagic.render.sections import Report
 
 LINE_COLUMNS = [
     "line",
@@ -31,15 +37,27 @@ LINE_COLUMNS = [
     "time_us",
     "depth",
     "kind",
+    "delta_per_hit_bytes",
 ]
+# Without the tensor census (--no-tensors): who owns what after the statement, from a walk
+# over the namespace's models and optimizers; "other" is the rest of the traced total.
 BREAKDOWN_COLUMNS = ["params_bytes", "grads_bytes", "optimizer_bytes", "other_bytes"]
+# With it: every category (gpumagic.memory.categories), adding up to allocated_bytes.
+CATEGORY_COLUMNS = list(COLUMNS)
 # How many statements the table highlights as the heaviest.
 HOT_ROWS = 3
 
 
 @dataclass(repr=False, eq=False)
 class MemTrace(Rendered):
-    """What ``%%memtrace`` measured. ``lines`` is the per-statement DataFrame."""
+    """What ``%%memtrace`` measured. ``lines`` is the per-statement DataFrame, ``timeline``
+    memory over the cell by category, ``at_peak`` what was alive at its highest moment.
+
+    A statement that ran more than once (a loop's body) has one row: ``hits`` is how often it
+    ran, ``delta_bytes`` its change summed over the hits (``delta_per_hit_bytes`` per hit),
+    ``peak_bytes`` the highest any hit reached above its own start, and the after-columns
+    (``allocated_bytes``, the categories) are from its last hit.
+    """
 
     statements: list[Statement]
     device: TracedDevice
@@ -61,7 +79,7 @@ class MemTrace(Rendered):
     host_final: int
     host_cell_peak: int
     elapsed_ns: int
-    timeline: list[tuple[float, int, int, int]]
+    points: list[Point]  # the tracer's timeline: see gpumagic.memory.tracer.Point
     host_method: str = ""
     error_index: int = -1  # statement that raised, -1 if the cell completed
     error: str = ""  # "ZeroDivisionError: division by zero"
@@ -71,6 +89,14 @@ class MemTrace(Rendered):
     synced: bool = False  # --sync: each boundary waited for the traced CUDA device
     sync_count: int = 0  # boundaries that waited (CUDA initialised by then)
     sync_ns: int = 0  # time spent in those waits, all together
+    # The tensor census (empty without it): by category after each statement's last hit and
+    # at its highest hit's peak, the cell's highest moment, the module names, the events.
+    categories: list[Categories | None] = field(default_factory=list)
+    peak_categories: list[Categories | None] = field(default_factory=list)
+    peak_moment: PeakMoment | None = None
+    approximate: list[int] = field(default_factory=list)
+    module_names: dict[int, str] = field(default_factory=dict)
+    events: EventLog | None = field(default=None, repr=False)
     _lines: Any = field(default=None, repr=False)
 
     @classmethod
@@ -106,7 +132,11 @@ class MemTrace(Rendered):
             host_final=totals.final_host,
             host_cell_peak=totals.host_cell_peak,
             elapsed_ns=totals.elapsed_ns,
-            timeline=list(totals.timeline),
+            points=list(totals.timeline),
+            categories=list(totals.categories),
+            peak_categories=list(totals.peak_categories),
+            peak_moment=totals.at_peak,
+            approximate=list(totals.approximate),
             host_method=host_method,
             error_index=totals.failing if error else -1,
             error=error,
@@ -120,7 +150,39 @@ class MemTrace(Rendered):
     # -- data ----------------------------------------------------------------------------------
     @property
     def has_breakdown(self) -> bool:
-        return any(p is not None for p in self.parts)
+        """The owners' walk of ``--no-tensors`` (params, grads, optimizer, other)."""
+        return not self.has_categories and any(p is not None for p in self.parts)
+
+    @property
+    def has_categories(self) -> bool:
+        """The tensor census ran: every row has its bytes by category."""
+        return any(c is not None for c in self.categories)
+
+    @property
+    def at_peak(self) -> AtPeak | None:
+        """What was alive at the cell's highest moment, by category and (activations) by
+        module; None without the tensor census or when nothing was allocated."""
+        return at_peak_of(self.peak_moment, self.statements, self.module_names)
+
+    @property
+    def timeline(self) -> pd.DataFrame:
+        """Memory over the cell by category, one row per point and category (see
+        :func:`gpumagic.memory.timeline.timeline_frame`)."""
+        return timeline_frame(self.points, self.statements)
+
+    def export_memory_viz(self, path: str | Path) -> Path:
+        """Write the cell's allocations and frees for PyTorch's memory visualiser: a
+        ``.pickle`` for https://pytorch.org/memory_viz, or an ``.html`` page (see
+        :mod:`gpumagic.memory.viz`). Needs the tensor census."""
+        from gpumagic.memory.viz import memory_viz_snapshot, write_memory_viz
+
+        if self.events is None:
+            raise ValueError(
+                "no tensor events to export: this trace ran without the tensor census "
+                "(--no-tensors, or torch was not loaded)"
+            )
+        snapshot = memory_viz_snapshot(self.events, self.statements, self.module_names)
+        return write_memory_viz(path, snapshot)
 
     @property
     def time_label(self) -> str:
@@ -183,8 +245,12 @@ class MemTrace(Rendered):
                     "time_us": self.time_ns[i] / 1000.0,
                     "depth": s.depth,
                     "kind": s.kind,
+                    "delta_per_hit_bytes": round(self.delta[i] / self.hits[i]),
                 }
-                if self.has_breakdown:
+                if self.has_categories:
+                    cats = self.categories[i]
+                    row.update(zip(CATEGORY_COLUMNS, cats or (None,) * len(CATEGORY_COLUMNS)))
+                elif self.has_breakdown:
                     p = self.parts[i]
                     if p is None:
                         row.update(dict.fromkeys(BREAKDOWN_COLUMNS))
@@ -193,13 +259,35 @@ class MemTrace(Rendered):
                         row.update(zip(BREAKDOWN_COLUMNS, (*p, other)))
                 row["failed"] = i == self.error_index
                 rows.append(row)
-            columns = LINE_COLUMNS + (BREAKDOWN_COLUMNS if self.has_breakdown else []) + ["failed"]
+            extra = (
+                CATEGORY_COLUMNS
+                if self.has_categories
+                else BREAKDOWN_COLUMNS if self.has_breakdown else []
+            )
+            columns = LINE_COLUMNS + extra + ["failed"]
             df = pd.DataFrame(rows, columns=columns)
             for c in df.columns:
-                if c.endswith("_bytes") and not (self.has_breakdown and c in BREAKDOWN_COLUMNS):
+                if c.endswith("_bytes") and c not in extra:
                     df[c] = df[c].astype("int64")
+            if self.has_categories and all(c is not None for c in self._ran_categories()):
+                df[extra] = df[extra].astype("int64")
             self._lines = df
         return self._lines
+
+    @property
+    def failed_line(self) -> int | None:
+        """The cell's line whose statement raised (None when the cell completed)."""
+        return self.statements[self.error_index].line if self.error_index >= 0 else None
+
+    @property
+    def heaviest(self) -> list[bool]:
+        """Per row of :attr:`lines`: whether it is one of the heaviest statements (the
+        largest peaks and allocations, when not trivial), the rows the table highlights."""
+        hot = self._hot()
+        return [s.index in hot for s in self._ran()]
+
+    def _ran_categories(self) -> list[Categories | None]:
+        return [self.categories[s.index] for s in self._ran()]
 
     def _ran(self) -> list[Statement]:
         return [s for s in self.statements if self.hits[s.index] > 0]
@@ -215,23 +303,35 @@ class MemTrace(Rendered):
 
     # -- plot ------------------------------------------------------------------------------------
     def plot(self, ax: Any = None) -> Any:
-        """Allocated memory over the statements as they ran (matplotlib). Returns the Axes."""
+        """Allocated memory over the statements as they ran (matplotlib), stacked by category
+        when the tensor census ran. Returns the Axes."""
         import matplotlib.pyplot as plt
 
         if ax is None:
             _, ax = plt.subplots(figsize=(8, 3))
-        xs = list(range(len(self.timeline)))
-        cur = [p[1] / 2**20 for p in self.timeline]
-        peaks = [p[3] / 2**20 for p in self.timeline]
+        points = self.points
+        xs = list(range(len(points)))
+        cur = [p[1] / 2**20 for p in points]
+        peaks = [p[3] / 2**20 for p in points]
         ax.step(xs, cur, where="post", label="allocated after statement", color="#3b7dd8")
         ax.plot(xs, peaks, ".", markersize=3, label="peak within statement", color="#f0ad4e")
+        if self.has_categories:
+            from gpumagic.render.memchart import CATEGORY_COLORS
+
+            stacks = [
+                [(p[4][c] if p[4] is not None else 0) / 2**20 for p in points]
+                for c in range(len(CATEGORIES))
+            ]
+            ax.stackplot(
+                xs, *stacks, labels=CATEGORIES, colors=CATEGORY_COLORS, alpha=0.5, step="post"
+            )
         ax.set_xlabel("statement executions, in order")
         ax.set_ylabel("MiB")
         ax.set_title(f"%%memtrace: {self.device.label}")
         lines_by_index = {s.index: s.line for s in self.statements}
-        top = sorted(range(1, len(self.timeline)), key=lambda k: -self.timeline[k][3])[:3]
+        top = sorted(range(1, len(points)), key=lambda k: -points[k][3])[:3]
         for k in top:
-            idx = self.timeline[k][2]
+            idx = points[k][2]
             if idx in lines_by_index:
                 ax.annotate(
                     f"line {lines_by_index[idx]}",
@@ -240,16 +340,11 @@ class MemTrace(Rendered):
                     textcoords="offset points",
                     xytext=(2, 4),
                 )
-        ax.legend(loc="best", fontsize=8)
+        ax.legend(loc="best", fontsize=7)
         return ax
 
     # -- display (gpumagic.render.memtrace) -------------------------------------------------------
-    def _text(self) -> str:
-        from gpumagic.render.memtrace import memtrace_text
+    def _report(self) -> Report:
+        from gpumagic.render.memtrace import memtrace_report
 
-        return memtrace_text(self)
-
-    def _html(self) -> str:
-        from gpumagic.render.memtrace import memtrace_html
-
-        return memtrace_html(self)
+        return memtrace_report(self)

@@ -5,6 +5,11 @@ statement that was running (its delta, its peak above its own start, its end sta
 resets the peak counters and opens ``i``. One reading serves as the end of one
 statement and the start of the next, so a boundary costs one device query.
 
+With a tensor census (:class:`gpumagic.memory.tensors.TensorTracker`), each boundary also
+settles the statement that ended: its bytes by category after it, and at its peak
+(:mod:`gpumagic.memory.categories`). On CUDA the allocator's counters stay the totals and
+"other" is what no tensor accounts for; on the CPU the census is the total.
+
 When the cell ends, :meth:`MemoryTracer.finish` closes the last statement and hands out
 the numbers as a frozen :class:`TraceTotals`; what comes after (the out-of-memory
 post-mortem, the result) works on that, never on the tracer's fields.
@@ -16,10 +21,12 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from gpumagic.cell import Statement
-from gpumagic.memory.probes import CudaMemory, HostMemory, Reading
+from gpumagic.memory.categories import OTHER
+from gpumagic.memory.ledger import Settled
+from gpumagic.memory.probes import HostMemory, Reader, Reading
 from gpumagic.tracebacks import hidden_hook
 
 # Breakdown into parameters / gradients / optimizer state costs a walk over the model's
@@ -31,7 +38,29 @@ _BREAKDOWN_EVERY_NS = 200_000_000
 _TIMELINE_MAX = 4096
 
 
-Timeline = tuple[tuple[float, int, int, int], ...]
+Categories = tuple[int, ...]  # bytes by category, in gpumagic.memory.categories' order
+# (seconds since start, allocated, statement index, highest since the previous point,
+#  bytes by category after the statement or None, by category at that highest or None)
+Point = tuple[float, int, int, int, "Categories | None", "Categories | None"]
+Timeline = tuple[Point, ...]
+
+
+class Census(Protocol):
+    """What the tracer needs of a tensor census: end a statement, open the next."""
+
+    def settle(self, statement: int) -> Settled: ...
+
+
+@dataclass(frozen=True)
+class PeakMoment:
+    """The cell's highest moment: which statement (its index and hit), the bytes then, by
+    category, and the activations by module token (names: the census's)."""
+
+    statement: int
+    hit: int
+    total: int
+    categories: Categories
+    modules: dict[int, int]
 
 
 @dataclass(frozen=True)
@@ -54,6 +83,10 @@ class TraceTotals:
     host_after: tuple[int, ...]
     time_ns: tuple[int, ...]
     parts: tuple[tuple[int, int, int] | None, ...]  # params, grads, optimizer state
+    categories: tuple[Categories | None, ...]  # by category after the last hit
+    peak_categories: tuple[Categories | None, ...]  # by category at the highest hit's peak
+    at_peak: PeakMoment | None
+    approximate: tuple[int, ...]  # statements whose peak's categories are as known then
     initial: int
     final: int
     final_reserved: int
@@ -81,10 +114,11 @@ class MemoryTracer:
     def __init__(
         self,
         statements: Sequence[Statement],
-        reader: CudaMemory | HostMemory,
+        reader: Reader,
         host: HostMemory,
         breakdown: Any = None,  # gpumagic.memory.holders.ModelMemory or None
         sync: Callable[[], bool] | None = None,
+        census: Census | None = None,
     ) -> None:
         n = len(statements)
         self.statements = list(statements)
@@ -110,6 +144,11 @@ class MemoryTracer:
         self.host_after = [0] * n
         self.time_ns = [0] * n
         self.parts: list[tuple[int, int, int] | None] = [None] * n  # params, grads, optimizer
+        self._census = census
+        self.categories: list[Categories | None] = [None] * n
+        self.peak_categories: list[Categories | None] = [None] * n
+        self.at_peak: PeakMoment | None = None
+        self.approximate: set[int] = set()
         self._last_breakdown_ns = 0
         self.open = -1  # statement running now, -1 between statements
         # state at the start of the open statement
@@ -131,9 +170,10 @@ class MemoryTracer:
         self.boundaries = 0
         self.elapsed_ns = 0
         # timeline: (seconds since start, allocated, statement index, highest since last point)
-        self.timeline: list[tuple[float, int, int, int]] = [(0.0, first.current, -1, first.current)]
+        self.timeline: list[Point] = [(0.0, first.current, -1, first.current, None, None)]
         self._stride = 1
         self._pending_peak = first.current
+        self._pending_cats: Categories | None = None
         self._totals: TraceTotals | None = None
         reader.reset_peak()
         if self._separate_host:
@@ -147,7 +187,7 @@ class MemoryTracer:
         now = time.perf_counter_ns()
         dev = self._reader.read()
         host = self._host.read() if self._separate_host else dev
-        self._close(now, dev, host)
+        self._close(now, dev, host, index)
         self._reader.reset_peak()
         if self._separate_host:
             self._host.reset_peak()
@@ -174,8 +214,9 @@ class MemoryTracer:
             self.syncs += 1
             self.sync_ns += time.perf_counter_ns() - t0
 
-    def _close(self, now: int, dev: Reading, host: Reading) -> None:
+    def _close(self, now: int, dev: Reading, host: Reading, following: int) -> None:
         i = self.open
+        settled = self._census.settle(following) if self._census is not None else None
         self.final = dev.current
         self.final_reserved = dev.reserved
         self.final_host = host.current
@@ -185,6 +226,10 @@ class MemoryTracer:
             self.host_cell_peak = host.peak
         self.boundaries += 1
         if i < 0:
+            if settled is not None and len(self.timeline) == 1:  # the cell's starting state
+                t, cur, idx, pk, _, _ = self.timeline[0]
+                start = _complete(settled.after, cur)
+                self.timeline[0] = (t, cur, idx, pk, start, start)
             return
         d = dev.current - self._start_cur
         self.delta[i] += d
@@ -199,7 +244,10 @@ class MemoryTracer:
             self.host_peak[i] = hp
         self.host_after[i] = host.current
         self.time_ns[i] += now - self._start_ns
-        self._record(now, dev, i)
+        after = at_peak = None
+        if settled is not None:
+            after, at_peak = self._categorise(i, settled, dev)
+        self._record(now, dev, i, after, at_peak)
         if self._breakdown is not None and (
             self.hits[i] == 1 or now - self._last_breakdown_ns >= _BREAKDOWN_EVERY_NS
         ):
@@ -211,22 +259,57 @@ class MemoryTracer:
                 self._breakdown = None
             self._last_breakdown_ns = time.perf_counter_ns()
 
-    def _record(self, now: int, dev: Reading, index: int) -> None:
+    def _categorise(
+        self, i: int, settled: Settled, dev: Reading
+    ) -> tuple[Categories, Categories | None]:
+        """Bytes by category after statement ``i`` and at its peak. "Other" is what the
+        categories leave of the traced total: on CUDA the allocator's bytes no tensor
+        accounts for join the census's own "other"."""
+        after = _complete(settled.after, dev.current)
+        self.categories[i] = after
+        at_peak = None
+        if settled.at_peak is not None:
+            at_peak = _complete(settled.at_peak, dev.peak)
+            if dev.peak - self._start_cur >= self.peak[i]:
+                self.peak_categories[i] = at_peak
+            if settled.approximate:
+                self.approximate.add(i)
+            if self.at_peak is None or dev.peak > self.at_peak.total:
+                self.at_peak = PeakMoment(
+                    i, self.hits[i], dev.peak, at_peak, dict(settled.modules_at_peak or {})
+                )
+        return after, at_peak
+
+    def _record(
+        self, now: int, dev: Reading, index: int, after: Categories | None, at_peak: Categories | None
+    ) -> None:
         if dev.peak > self._pending_peak:
             self._pending_peak = dev.peak
+            self._pending_cats = at_peak if at_peak is not None else after
         if self.boundaries % self._stride:
             return
         self.timeline.append(
-            ((now - self.started_ns) / 1e9, dev.current, index, self._pending_peak)
+            (
+                (now - self.started_ns) / 1e9,
+                dev.current,
+                index,
+                self._pending_peak,
+                after,
+                self._pending_cats,
+            )
         )
         self._pending_peak = dev.current
+        self._pending_cats = after
         if len(self.timeline) > _TIMELINE_MAX:
             kept = self.timeline[::2]
             # fold the dropped points' peaks into the kept ones so no peak disappears
             for k in range(1, len(self.timeline), 2):
                 j = (k - 1) // 2
-                t, cur, idx, pk = kept[j]
-                kept[j] = (t, cur, idx, max(pk, self.timeline[k][3]))
+                t, cur, idx, pk, cats, pk_cats = kept[j]
+                dropped = self.timeline[k]
+                if dropped[3] > pk:
+                    pk, pk_cats = dropped[3], dropped[5]
+                kept[j] = (t, cur, idx, pk, cats, pk_cats)
             self.timeline = kept
             self._stride *= 2
 
@@ -242,7 +325,7 @@ class MemoryTracer:
         now = time.perf_counter_ns()
         dev = self._reader.read()
         host = self._host.read() if self._separate_host else dev
-        self._close(now, dev, host)
+        self._close(now, dev, host, -1)
         self.open = -1
         self.elapsed_ns = now - self.started_ns
         self._totals = TraceTotals(
@@ -257,6 +340,10 @@ class MemoryTracer:
             host_after=tuple(self.host_after),
             time_ns=tuple(self.time_ns),
             parts=tuple(self.parts),
+            categories=tuple(self.categories),
+            peak_categories=tuple(self.peak_categories),
+            at_peak=self.at_peak,
+            approximate=tuple(sorted(self.approximate)),
             initial=self.initial,
             final=self.final,
             final_reserved=self.final_reserved,
@@ -274,7 +361,16 @@ class MemoryTracer:
         )
         return self._totals
 
-    def live_state(self) -> tuple[int, int, list[tuple[float, int, int, int]]]:
+    def live_state(self) -> tuple[int, int, list[Point]]:
         """(statement running now, its hit count, timeline copy) for the live view; any thread."""
         i = self.open
         return i, (self.hits[i] if i >= 0 else 0), list(self.timeline)
+
+
+def _complete(categories: Categories, total: int) -> Categories:
+    """``categories`` with "other" set so that they add up to ``total`` (the traced device's
+    allocated bytes): on the CPU that is the census's own "other"."""
+    rest = sum(categories) - categories[OTHER]
+    out = list(categories)
+    out[OTHER] = total - rest
+    return tuple(out)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import ctypes
 import math
 import os
-import re
 import sys
 import threading
 import time
@@ -37,10 +36,12 @@ from gpumagic.monitor.devices import parse_visible_devices
 from gpumagic.monitor.nvml import nvml_state
 from gpumagic.monitor.processes import GpuProcess, compute_processes, process_rows
 from gpumagic.render.html import Rendered
-from gpumagic.units import fmt_bytes, fmt_percent
+from gpumagic.units import fmt_bytes, fmt_percent, parse_size
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from gpumagic.render.sections import Report
 
 GIB = 1024**3
 VISIBLE = "CUDA_VISIBLE_DEVICES"
@@ -50,39 +51,9 @@ ORDER = "CUDA_DEVICE_ORDER"
 SAMPLE_S = 0.5
 _READS = 4
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
-# K/M/G/T and KiB/MiB/GiB/TiB are binary, as nvidia-smi's MiB; KB/MB/GB/TB are decimal.
-_UNITS = {"": 1, "b": 1}
-for _i, _p in enumerate("kmgt", 1):
-    _UNITS[_p] = _UNITS[f"{_p}ib"] = 1024**_i
-    _UNITS[f"{_p}b"] = 1000**_i
-
 
 class SelectError(ValueError):
     """No choice was made, and why; the environment is unchanged."""
-
-
-def parse_size(value: int | float | str) -> int:
-    """Bytes from ``8GiB``, ``8G`` (both binary, as nvidia-smi's MiB), ``8GB`` (decimal),
-    ``500MiB`` or a plain number of bytes; ValueError for anything else."""
-    if isinstance(value, bool):
-        raise ValueError(f"size must be like 8GiB, 500MiB or bytes, got {value!r}")
-    if isinstance(value, (int, float)):
-        number, unit = float(value), ""
-    else:
-        m = _SIZE.match(str(value))
-        if m is None:
-            raise ValueError(f"size must be like 8GiB, 24GB, 500MiB or bytes, got {value!r}")
-        number, unit = float(m.group(1)), m.group(2).lower()
-    if unit not in _UNITS:
-        raise ValueError(
-            f"size unit {unit!r} in {value!r} unknown: use B, KiB/MiB/GiB/TiB (K, M, G, T are "
-            "the same) or KB/MB/GB/TB (powers of 1000)"
-        )
-    scale = _UNITS[unit]
-    if not math.isfinite(number) or number < 0:
-        raise ValueError(f"size must be a number of bytes >= 0, got {value!r}")
-    return int(number * scale)
 
 
 # -- is it too late? -------------------------------------------------------------------------
@@ -282,15 +253,10 @@ class GpuChoice(Rendered):
             frame["rank"] = frame["rank"].astype("Int64")
         return frame
 
-    def _text(self) -> str:
-        from gpumagic.render.select import choice_text
+    def _report(self) -> Report:
+        from gpumagic.render.select import choice_report
 
-        return choice_text(self)
-
-    def _html(self) -> str:
-        from gpumagic.render.select import choice_html
-
-        return choice_html(self)
+        return choice_report(self)
 
 
 def _sort_key(c: Candidate) -> tuple[int, float, float, int]:

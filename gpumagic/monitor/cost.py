@@ -23,7 +23,6 @@ summary, the alert and the docs agree:
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,80 +46,6 @@ HOST_IDLE_MEANING = "no cell running (no GPU to read: idle means waiting on you)
 _NOT_SUPPORTED = 3
 _FUNCTION_NOT_FOUND = 13
 _NO_PERMISSION = 4
-
-_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(h|m|s)?")
-_UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, None: 1.0}
-
-
-def parse_duration(text: str | float | int) -> float:
-    """Seconds from ``"30m"``, ``"2h"``, ``"1h30m"``, ``"90s"`` or a bare number of seconds.
-
-    Strict: anything else (empty, negative, zero, ``"5x"``, ``"m"``, NaN) is a ValueError
-    that names what was given, so a typo never becomes a silent default.
-    """
-    if isinstance(text, bool):
-        raise ValueError(f"duration must be like 30m, 2h or 90 (seconds), got {text!r}")
-    if isinstance(text, (int, float)):
-        value = float(text)
-    else:
-        s = str(text).strip().lower()
-        pos, value, units_seen = 0, 0.0, []
-        while pos < len(s):
-            m = _DURATION.match(s, pos)
-            if m is None or m.end() == pos:
-                value = math.nan
-                break
-            units_seen.append(m.group(2))
-            value += float(m.group(1)) * _UNIT_S[m.group(2)]
-            pos = m.end()
-            while pos < len(s) and s[pos] == " ":
-                pos += 1
-        # "1h30m" reads as one duration; a bare number only stands alone ("1h30" is a typo).
-        if not units_seen or (len(units_seen) > 1 and None in units_seen):
-            value = math.nan
-        if len(set(units_seen)) != len(units_seen):
-            value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(
-            f"duration must be a positive time like 30m, 2h, 1h30m or 90 (seconds), got {text!r}"
-        )
-    return value
-
-
-def check_price(price: float | str | None) -> float | None:
-    """Dollars per hour: a finite number >= 0 (None: no price, no cost columns)."""
-    if price is None:
-        return None
-    if isinstance(price, bool):
-        raise ValueError(f"price must be dollars per hour, like 2.5, got {price!r}")
-    try:
-        value = float(price)
-    except (TypeError, ValueError):
-        raise ValueError(f"price must be dollars per hour, like 2.5, got {price!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"price must be a finite number of dollars per hour >= 0, got {price!r}")
-    return value
-
-
-def fmt_usd(value: float) -> str:
-    if math.isnan(value):
-        return "–"
-    if 0 < value < 0.0001:
-        return "<$0.0001"
-    if value != 0 and abs(value) < 0.01:
-        return f"${value:.4f}"
-    return f"${value:,.2f}"
-
-
-def fmt_wh(value: float) -> str:
-    if math.isnan(value):
-        return "–"
-    if value >= 1000:
-        return f"{value / 1000:.2f} kWh"
-    if value < 0.01:
-        return f"{value * 1000:.2f} mWh"
-    return f"{value:.2f} Wh" if value < 10 else f"{value:.1f} Wh"
-
 
 @dataclass(frozen=True)
 class CostState:

@@ -18,6 +18,7 @@ import numpy as np
 from gpumagic.device_kinds import CUDA
 from gpumagic.monitor import metrics as M
 from gpumagic.monitor.alerts import Alert, cell_note
+from gpumagic.render.html import Rendered
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from gpumagic.monitor.cost import CostState
     from gpumagic.monitor.devices import WatchedDevice
     from gpumagic.monitor.snapshot import Snapshot
+    from gpumagic.render.sections import Report
 
 UNITS: dict[str, str] = {m.key: m.unit for m in M.METRICS} | {
     "duration_us": "µs",
@@ -82,7 +84,7 @@ def device_values(snapshot: Snapshot, sample: int = -1) -> list[dict[str, Any]]:
     return out
 
 
-class WatchStatus:
+class WatchStatus(Rendered):
     """The latest sample of every device, the alerts active now and why anything is missing."""
 
     def __init__(self, snapshot: Snapshot) -> None:
@@ -108,18 +110,13 @@ class WatchStatus:
                 return entry
         raise KeyError(f"{device!r}: devices are {[e['device'] for e in self.devices]}")
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        from gpumagic.render.watch import status_html, status_text
+    def _report(self) -> Report:
+        from gpumagic.render.watch_status import status_report
 
-        return {"text/plain": status_text(self), "text/html": status_html(self)}
-
-    def __repr__(self) -> str:
-        from gpumagic.render.watch import status_text
-
-        return status_text(self)
+        return status_report(self)
 
 
-class WatchResult:
+class WatchResult(Rendered):
     """A stopped (or snapshotted) watch: ``samples`` and ``cells`` frames, the log path,
     alerts seen, and a static summary chart as its mime bundle."""
 
@@ -234,15 +231,11 @@ class WatchResult:
             frame = frame.drop(columns=[*_GPU_CELL_COLUMNS, _UTILIZATION_OF])
         return _add_cost_columns(frame, self.snapshot, self.has_gpus)
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        from gpumagic.render.watch import result_html, result_text
+    def _report(self) -> Report:
+        from gpumagic.render.watch_summary import result_report
 
-        return {"text/plain": result_text(self), "text/html": result_html(self)}
+        return result_report(self)
 
-    def __repr__(self) -> str:
-        from gpumagic.render.watch import result_text
-
-        return result_text(self)
 
 
 def _process_frame(snapshot: Snapshot) -> pd.DataFrame:

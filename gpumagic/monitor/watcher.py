@@ -33,7 +33,7 @@ import numpy as np
 from gpumagic.monitor import metrics as M
 from gpumagic.monitor.alerts import LOW_UTIL_SPAN_S, Alert, compute_alerts
 from gpumagic.monitor.cells import CellMarks
-from gpumagic.monitor.cost import CostMeter, check_price, parse_duration
+from gpumagic.monitor.cost import CostMeter
 from gpumagic.monitor.csvlog import CsvLog
 from gpumagic.monitor.devices import WatchedDevice
 from gpumagic.monitor.host import HostReader
@@ -42,6 +42,7 @@ from gpumagic.monitor.processes import ProcessTable, read_processes
 from gpumagic.monitor.result import WatchResult, WatchStatus
 from gpumagic.monitor.ring import Ring, capacity_for
 from gpumagic.monitor.snapshot import Snapshot
+from gpumagic.units import parse_duration, parse_price
 
 __all__ = ["Snapshot", "WatchEvent", "Watcher", "current", "stop_current", "watch"]
 
@@ -134,7 +135,7 @@ class Watcher:
         on_idle: Callable[[Alert], object] | None = None,
     ) -> None:
         self.interval, floor_note = _check_interval(interval)
-        self.price = check_price(price)
+        self.price = parse_price(price)
         self.idle_alert_s = parse_duration(idle_alert) if idle_alert is not None else None
         if on_idle is not None and not callable(on_idle):
             raise ValueError(f"on_idle must be callable, got {on_idle!r}")

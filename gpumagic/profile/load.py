@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import re
 import tempfile
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
-from gpumagic.profile.analysis.trace_analysis import Analysis
+from gpumagic.profile.ranks import LoadOptions, Rank, analyse_file, number_ranks, reduce_ranks
 from gpumagic.profile.result import ProfileResult
-from gpumagic.profile.trace.decode import read_trace, trace_files
+from gpumagic.profile.trace.decode import trace_files
 from gpumagic.profile.trace.errors import TraceError
-from gpumagic.profile.trace.model import Trace
 from gpumagic.profile.trace.session import LiveState
 from gpumagic.profile.trace.spans import CodeLabels
-
-_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 
 
 def load_trace(
@@ -26,6 +23,8 @@ def load_trace(
     mark_limit: int | None = None,
     skip_first: bool = False,
     labels: CodeLabels | None = None,
+    executor: Executor | None = None,
+    keep_startup: bool = False,
 ) -> ProfileResult:
     """Analyse a Chrome trace from ``torch.profiler``, or a directory of per-rank traces.
 
@@ -39,7 +38,20 @@ def load_trace(
     ``skip_first=True`` leaves the first ``ProfilerStep`` (first-call setup) out of the
     steps when there are others; ``%%gpuprofile`` does so unless told ``--keep-first``.
     ``labels`` says what the statement and module ranges of a ``%%gpuprofile`` trace stand
-    for (sources, module names), where the file does not carry them itself.
+    for (sources, module names), where the file does not carry them itself. A trace without
+    step marks is one step from the end of its start-up phase (the first CUDA context, lazy
+    module loading, slow first calls: :mod:`gpumagic.profile.analysis.startup`), which the
+    report names; ``keep_startup=True`` keeps the phase in the step (the TensorBoard
+    plugin's step).
+
+    A directory's ranks are each read, analysed and reduced to a summary in a task of
+    ``executor``: any ``concurrent.futures.Executor`` (a Dask cluster's
+    ``Client.get_executor()`` spreads them over its machines, which must see the same
+    path); by default a process pool with one worker per usable CPU (in this process, one
+    rank at a time, where only one CPU is usable). This process keeps the summaries; the
+    slowest rank's tables read its file again when first asked for, and ``result.rank(n)``
+    reads rank ``n``. With a process pool, a script that calls this at its top level needs
+    the usual ``if __name__ == "__main__":`` guard.
 
     Raises :class:`TraceError` (a ``ValueError``) naming the file and the reason when
     the input is missing, empty, truncated, not JSON, or not a trace.
@@ -49,35 +61,25 @@ def load_trace(
         files = trace_files(p)
         if not files:
             raise TraceError(p, "the directory holds no trace files (*.json, *.json.gz)")
-        traces = [_labelled(read_trace(f), labels) for f in files]
-        _number_ranks(traces, files)
-        return ProfileResult(
-            [Analysis(t, step_marks, mark_limit, skip_first) for t in traces], str(p), live
+        options = LoadOptions(step_marks, mark_limit, skip_first, labels, keep_startup)
+        reduced = reduce_ranks(files, options, executor)
+        numbers = number_ranks([s.declared_rank for s in reduced.summaries], files)
+        result = ProfileResult(
+            [Rank(n, summary=s, options=options) for n, s in zip(numbers, reduced.summaries)],
+            str(p),
+            live,
         )
+        result.reduced_by = reduced.how
+        if reduced.note:
+            result.notes.append(reduced.note)
+        return result
     if not p.exists():
         raise TraceError(p, "no such file or directory")
     return ProfileResult(
-        [Analysis(_labelled(read_trace(p), labels), step_marks, mark_limit, skip_first)],
+        [analyse_file(p, LoadOptions(step_marks, mark_limit, skip_first, labels, keep_startup))],
         str(p),
         live,
     )
-
-
-def _labelled(trace: Trace, labels: CodeLabels | None) -> Trace:
-    if labels is not None:
-        trace.code.labels = labels
-    return trace
-
-
-def _number_ranks(traces: list[Trace], files: list[Path]) -> None:
-    # distributedInfo.rank when the writer recorded it, else a number in the file name,
-    # else the position in the directory
-    seen: set[int] = set()
-    for i, (t, f) in enumerate(zip(traces, files)):
-        if t.rank is None or t.rank in seen:
-            m = _RANK_IN_NAME.search(f.name)
-            t.rank = int(m.group(1)) if m and int(m.group(1)) not in seen else i
-        seen.add(t.rank)
 
 
 def from_profiler(

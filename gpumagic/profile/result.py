@@ -5,18 +5,25 @@ One object per trace file or per directory of ranks. Its tables are pandas DataF
 renders as one mime bundle (text and HTML) or a self-contained HTML file.
 
 For several ranks the tables describe the slowest rank, the one that sets the pace of
-a synchronous job; :attr:`ProfileResult.per_rank` compares them all side by side and
-:meth:`ProfileResult.rank` gives any one of them.
+a synchronous job; :attr:`ProfileResult.per_rank` compares them all side by side,
+:attr:`ProfileResult.slow_ranks` says which hold the others up and why, and
+:meth:`ProfileResult.rank` gives any one of them. A directory's ranks may be held as
+summaries (see :mod:`gpumagic.profile.ranks`): the slowest rank's full analysis is read
+when its tables are first asked for, any other's when :meth:`ProfileResult.rank` is called.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from gpumagic.profile.analysis.breakdown import CATEGORIES
 from gpumagic.profile.analysis.trace_analysis import Analysis, IdleReport
+from gpumagic.profile.ranks import Rank, RankSummary, communication_row, own_work_us, slow_ranks
 from gpumagic.profile.rules.base import Finding
 from gpumagic.profile.rules.registry import diagnose
 from gpumagic.profile.trace.session import LiveState
@@ -25,20 +32,32 @@ from gpumagic.render.html import Rendered
 if TYPE_CHECKING:
     import pandas as pd
 
+    from gpumagic.render.sections import Report
+
+# Table rows a result shows by default: a terminal has less room than a notebook.
+TEXT_ROWS, HTML_ROWS = 10, 15
+
 
 class ProfileResult(Rendered):
     """The analysis of one profiled run (one trace, or one trace per rank)."""
 
     def __init__(
         self,
-        analyses: list[Analysis],
+        analyses: Sequence[Analysis | Rank],
         source: str,
         live: LiveState | None = None,
         name: str | None = None,
     ) -> None:
         if not analyses:
             raise ValueError("a ProfileResult needs at least one analysed trace")
-        self._analyses = analyses
+        # An analysis in memory is a rank numbered as its trace says (else by position);
+        # load_trace hands a directory's ranks over already numbered, as summaries.
+        self._ranks = [
+            a
+            if isinstance(a, Rank)
+            else Rank(a.trace.rank if a.trace.rank is not None else i, analysis=a)
+            for i, a in enumerate(analyses)
+        ]
         self.source = source
         self.live = live
         self.name = name or Path(source).name
@@ -49,80 +68,144 @@ class ProfileResult(Rendered):
         # recorded; the profiler stopped collecting early), and what the traces' own events
         # say (an accelerator read through another's categories, device work that cannot be
         # timed), shown above the report; each once, for all ranks.
-        self.notes: list[str] = list(dict.fromkeys(n for a in analyses for n in a.trace.notes))
+        self.notes: list[str] = list(dict.fromkeys(n for r in self._ranks for n in r.notes))
+        # The earlier runs of the same cell (%%gpuprofile --repeat N), oldest first: their
+        # steps are samples of the step time too (see step_samples); the tables are this run's.
+        self.earlier_runs: list[ProfileResult] = []
+        # How a directory's ranks were analysed ("a pool of 8 processes", ...); None for
+        # ranks analysed whole in this process.
+        self.reduced_by: str | None = None
 
     # --- ranks -----------------------------------------------------------------------
 
     @property
     def analyses(self) -> list[Analysis]:
-        return list(self._analyses)
+        """Every rank's full analysis. A rank held as a summary is read again for this: with
+        many ranks prefer :attr:`per_rank`, :attr:`rank_summaries` and :meth:`rank`."""
+        i = self._primary_index
+        return [self.primary if j == i else r.analysis() for j, r in enumerate(self._ranks)]
+
+    @property
+    def rank_summaries(self) -> list[RankSummary]:
+        """Each rank's summary (steps, breakdown, idle, collectives, top operators and
+        kernels, lines and modules), in rank-file order; made here for ranks held whole."""
+        return [r.summary for r in self._ranks]
+
+    @cached_property
+    def _primary_index(self) -> int:
+        if len(self._ranks) == 1:
+            return 0
+        sync = self._synchronised
+        work = [own_work_us(r, sync) for r in self._ranks]
+        return max(range(len(work)), key=work.__getitem__)
 
     @cached_property
     def primary(self) -> Analysis:
-        """The analysis the tables describe: the only one, or the slowest rank's."""
-        if len(self._analyses) == 1:
-            return self._analyses[0]
-        if self._synchronised:
-            return min(self._analyses, key=lambda a: a.collective_us_per_step)
-        return max(self._analyses, key=lambda a: a.breakdown.mean_step_us)
+        """The analysis the tables describe: the only one, or the slowest rank's (read from
+        its file the first time, when the ranks are held as summaries)."""
+        return self._ranks[self._primary_index].analysis()
 
     @property
     def ranks(self) -> list[int]:
-        return [self._rank_of(i, a) for i, a in enumerate(self._analyses)]
-
-    @staticmethod
-    def _rank_of(i: int, a: Analysis) -> int:
-        return a.trace.rank if a.trace.rank is not None else i
+        return [r.number for r in self._ranks]
 
     @property
     def slowest_rank(self) -> int | None:
         """The rank the others wait for, when there are several ranks.
 
         Ranks that synchronise (DDP's all-reduce) all take as long per step as the slowest
-        one, so their step times cannot tell it; the time each spends waiting in collectives
-        can: the rank that waits least is the one holding the others up. Without
-        collectives in the traces, the rank with the longest mean step."""
-        if len(self._analyses) < 2:
+        one, so their step times cannot tell it; their own work can: the step less the time
+        in collectives, where the others wait for it (the rank holding them up waits least).
+        Without collectives in the traces, the rank with the longest mean step."""
+        if len(self._ranks) < 2:
             return None
-        return self._rank_of(self._analyses.index(self.primary), self.primary)
+        return self._ranks[self._primary_index].number
 
     @property
     def _synchronised(self) -> bool:
-        return all(a.collective_us_per_step > 0 for a in self._analyses)
+        return all(r.collective_us_per_step > 0 for r in self._ranks)
+
+    @property
+    def has_communication(self) -> bool:
+        """Some rank ran collectives (kernels, CPU-backend spans, or recorded calls)."""
+        return any(r.communicates for r in self._ranks)
 
     def rank(self, rank: int) -> ProfileResult:
-        """The result for one rank alone."""
-        for i, a in enumerate(self._analyses):
-            if self._rank_of(i, a) == rank:
+        """The result for one rank alone (its file read again, when held as a summary)."""
+        for i, r in enumerate(self._ranks):
+            if r.number == rank:
+                a = self.primary if i == self._primary_index else r.analysis()
                 return ProfileResult([a], a.trace.source, self.live)
         raise KeyError(f"no rank {rank} in {self.source} (ranks: {self.ranks})")
+
+    @cached_property
+    def slow_ranks(self) -> pd.DataFrame:
+        """The ranks that hold the job up, slowest first: how far behind the median rank
+        each is per step, and why (more compute, input stalls, waiting in collectives); see
+        :func:`gpumagic.profile.ranks.slow_ranks`. Empty for one rank."""
+        return slow_ranks(self._ranks, self._synchronised)
 
     @cached_property
     def per_rank(self) -> pd.DataFrame:
         """One row per rank: step time, utilisation, breakdown shares, device idle."""
         import pandas as pd
 
-        rows = []
-        for i, a in enumerate(self._analyses):
-            bd, idle = a.breakdown, a.idle
-            n = max(len(a.steps), 1)
-            row: dict[str, Any] = {
-                "rank": self._rank_of(i, a),
-                "file": Path(a.trace.source).name,
-                "steps": len(a.steps),
-                "step_time_us": bd.mean_step_us,
-                "gpu_utilization_percent": a.gpu_utilization_percent,
-                "gpu_idle_us_per_step": sum(idle.device_us.values()) / n,
-                "collective_us_per_step": a.collective_us_per_step,
-            }
-            for c, p in zip(CATEGORIES, bd.percent.tolist()):
-                row[f"{c}_percent"] = p
-            row.update(_communication_row(a))
-            rows.append(row)
+        rows = [{"rank": r.number, "file": Path(r.file).name, **r.row()} for r in self._ranks]
         frame = pd.DataFrame(rows)
         frame["collective_wait_us_per_step"] = self._collective_waits
         frame["slowest"] = frame["rank"] == self.slowest_rank
         return frame.sort_values("rank", kind="stable").reset_index(drop=True)
+
+    # --- runs and their steps as samples ------------------------------------------------
+
+    @property
+    def runs(self) -> list[ProfileResult]:
+        """Every run of the cell this result holds: the earlier ones of ``--repeat N``, then
+        this one (whose trace the tables describe)."""
+        return [*self.earlier_runs, self]
+
+    @property
+    def step_samples(self) -> list[np.ndarray]:
+        """Per run (:attr:`runs`), the duration in µs of each analysed step: the samples a
+        comparison's interval is drawn from (:mod:`gpumagic.profile.analysis.noise`)."""
+        return [r.primary.steps.duration.astype(float) for r in self.runs]
+
+    def category_samples(self) -> list[np.ndarray]:
+        """Per run, µs of each breakdown category in each analysed step (steps x
+        :data:`CATEGORIES`)."""
+        return [np.asarray(r.primary.breakdown.us, float) for r in self.runs]
+
+    def metric_samples(self) -> dict[str, list[np.ndarray]]:
+        """Per headline metric that has one value per step, the values per run: step time,
+        and on a GPU the share of each step a compute kernel ran (percent) and the µs no
+        kernel, copy or set ran. What a comparison draws its intervals from."""
+        from gpumagic.profile.analysis.breakdown import step_device_busy
+
+        out: dict[str, list[np.ndarray]] = {"step_time_us": self.step_samples}
+        if not all(r.primary.trace.has_gpu for r in self.runs):
+            return out
+        util, idle = [], []
+        for r in self.runs:
+            a = r.primary
+            duration = a.steps.duration.astype(float)
+            compute, busy = step_device_busy(a.trace, a.steps, a.comms.kernels)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                util.append(np.where(duration > 0, 100.0 * compute / duration, np.nan))
+            idle.append(duration - busy)
+        out["gpu_utilization_percent"] = util
+        out["gpu_idle_us_per_step"] = idle
+        return out
+
+    def with_earlier_runs(self, earlier: list[ProfileResult]) -> ProfileResult:
+        """The same run, holding ``earlier`` runs of the same cell as further samples."""
+        out = ProfileResult(self._ranks, self.source, self.live, self.name)
+        out.notes = list(self.notes)
+        out.display_rows = self.display_rows
+        out.reduced_by = self.reduced_by
+        out.earlier_runs = [r for e in earlier for r in e.runs]
+        if "primary" in self.__dict__:  # already read: the new result need not read it again
+            out.__dict__["primary"] = self.__dict__["primary"]
+        return out
 
     # --- the tables ------------------------------------------------------------------
 
@@ -144,7 +227,7 @@ class ProfileResult(Rendered):
         out: dict[str, Any] = {
             "source": self.source,
             "rank": trace.rank,
-            "ranks": len(self._analyses),
+            "ranks": len(self._ranks),
             "slowest_rank": self.slowest_rank,
             "wall_time_us": trace.end - trace.start,
             "profiled_span_us": st.span[1] - st.span[0],
@@ -153,6 +236,11 @@ class ProfileResult(Rendered):
             "steps_from": st.source,
             "steps_dropped": st.dropped,
             "first_step_left_out": st.first_left_out,
+            # a trace without step marks: its start-up phase (µs, and what it holds), and
+            # whether the step starts after it (the figures leave it out) or holds it
+            "startup_us": st.startup.us if st.startup is not None else 0.0,
+            "startup": st.startup.describe() if st.startup is not None else "",
+            "startup_left_out": st.startup_left_out,
             "step_time_us": bd.mean_step_us,
             "step_time_min_us": float(st.duration.min()) if len(st) else 0.0,
             "step_time_max_us": float(st.duration.max()) if len(st) else 0.0,
@@ -170,7 +258,19 @@ class ProfileResult(Rendered):
             "findings": len(self.findings),
         }
         out.update(self._communication_summary())
+        out.update(self._noise_summary())
         return out
+
+    def _noise_summary(self) -> dict[str, Any]:
+        from gpumagic.profile.analysis import noise
+
+        samples = self.step_samples
+        return {
+            "runs": len(samples),
+            "step_time_median_us": noise.point(samples),
+            # the 95% interval of the median step time (None with fewer than 3 steps)
+            "step_time_median_interval_us": noise.interval(samples),
+        }
 
     @cached_property
     def breakdown(self) -> pd.DataFrame:
@@ -212,9 +312,7 @@ class ProfileResult(Rendered):
         algorithm and bus bandwidth as nccl-tests defines them (see :mod:`gpumagic.profile.analysis.comms`)."""
         import pandas as pd
 
-        frames = [
-            a.comms.collectives_frame(self._rank_of(i, a)) for i, a in enumerate(self._analyses)
-        ]
+        frames = [r.collectives() for r in self._ranks]
         frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
         return frame.sort_values("rank", kind="stable").reset_index(drop=True)
 
@@ -224,31 +322,32 @@ class ProfileResult(Rendered):
         TensorBoard plugin's Distributed View."""
         import pandas as pd
 
-        frames = [
-            a.comms.overlap_frame(self._rank_of(i, a), a.steps)
-            for i, a in enumerate(self._analyses)
-        ]
+        frames = [r.overlap() for r in self._ranks]
         frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
         return frame.sort_values("rank", kind="stable").reset_index(drop=True)
 
     @cached_property
     def _collective_waits(self) -> list[float | None]:
         """Per rank (in analysis order), µs per step waiting in collectives for the others."""
-        from gpumagic.profile.analysis.comms import collective_waits
+        from gpumagic.profile.analysis.comms import waits_from_durations
 
-        return collective_waits(self._analyses)
+        if len(self._ranks) < 2:
+            return [None] * len(self._ranks)
+        return waits_from_durations(
+            [r.call_durations() for r in self._ranks], [r.step_count for r in self._ranks]
+        )
 
     def _communication_summary(self) -> dict[str, Any]:
         a = self.primary
         comms = a.comms
-        i = self._analyses.index(a)
+        i = self._primary_index
         percent = dict(zip(CATEGORIES, a.breakdown.percent.tolist()))
         us = dict(zip(CATEGORIES, a.breakdown.mean_us.tolist()))
         return {
             "communication_percent": percent["Communication"],
             "communication_us_per_step": us["Communication"],
             "communication_overlap_percent": comms.overlap_percent,
-            "communication_exposed_us_per_step": _communication_row(a)[
+            "communication_exposed_us_per_step": communication_row(a)[
                 "communication_only_us_per_step"
             ]
             if comms.present
@@ -261,7 +360,7 @@ class ProfileResult(Rendered):
     @cached_property
     def lines(self) -> pd.DataFrame:
         """One row per statement of the profiled cell that ran: line, source, hits, host_us
-        (its own, without nested rows: the rows add up to the cell), device_us (GPU work it
+        (its own, without nested rows: the rows add up to the analysed steps), device_us (GPU work it
         launched, whatever thread launched it), device_percent, top_op, top_kernel. Empty
         for a trace recorded outside ``%%gpuprofile`` (see :attr:`lines_note`)."""
         from gpumagic.profile.analysis.lines import line_attribution
@@ -285,6 +384,35 @@ class ProfileResult(Rendered):
 
         return module_attribution(self.primary).frame()
 
+    @property
+    def lines_span_us(self) -> float:
+        """The µs the cell's statements spanned, of which :attr:`lines` accounts the host time."""
+        from gpumagic.profile.analysis.lines import line_attribution
+
+        return line_attribution(self.primary).profiled_us
+
+    @property
+    def modules_note(self) -> str:
+        """Where :attr:`modules` came from (``%%gpuprofile``'s hooks, or the stacks of a
+        ``with_stack=True`` trace) and what that means for reading it."""
+        from gpumagic.profile.analysis.modules import ORIGIN_NOTES, module_attribution
+
+        return ORIGIN_NOTES.get(module_attribution(self.primary).origin, "")
+
+    def gpu_busy(self, bins: int) -> np.ndarray:
+        """Per slice of the analysed steps cut into ``bins`` equal slices (the first step's
+        start to the last one's end), the fraction of it in which some GPU event ran."""
+        from gpumagic.profile.analysis import intervals
+
+        a = self.primary
+        lo, hi = a.steps.span
+        if hi <= lo or not a.trace.has_gpu:
+            return np.zeros(bins)
+        edges = np.linspace(lo, hi, bins + 1)
+        gpu = a.trace.gpu
+        busy: np.ndarray = np.diff(intervals.cumulative(gpu.ts, gpu.end, edges)) / np.diff(edges)
+        return busy
+
     @cached_property
     def findings(self) -> list[Finding]:
         """The diagnosis, ranked by estimated saving per step."""
@@ -292,35 +420,38 @@ class ProfileResult(Rendered):
 
     def with_live(self, live: LiveState | None) -> ProfileResult:
         """The same analysis, diagnosed with session facts (see :mod:`gpumagic.profile.live`)."""
-        out = ProfileResult(self._analyses, self.source, live, self.name)
+        out = ProfileResult(self._ranks, self.source, live, self.name)
         out.notes = list(self.notes)
+        out.earlier_runs = list(self.earlier_runs)
+        if "primary" in self.__dict__:  # already read: the new result need not read it again
+            out.__dict__["primary"] = self.__dict__["primary"]
         return out
 
     # --- output ----------------------------------------------------------------------
 
-    def _text(self) -> str:
-        if self.display_rows is not None:
-            return self.to_text(rows=self.display_rows)
-        from gpumagic.render.profile import profile_text
+    def _report(self) -> Report:
+        from gpumagic.render.profile import profile_report
 
-        return profile_text(self)
+        return profile_report(self, TEXT_ROWS if self.display_rows is None else self.display_rows)
+
+    def _text(self) -> str:
+        return self.to_text(TEXT_ROWS if self.display_rows is None else self.display_rows)
 
     def _html(self) -> str:
-        if self.display_rows is not None:
-            return self.to_html(rows=self.display_rows)
-        from gpumagic.render.profile import profile_html
-
-        return profile_html(self)
+        return self.to_html(HTML_ROWS if self.display_rows is None else self.display_rows)
 
     def to_text(self, rows: int = 10) -> str:
-        from gpumagic.render.profile import profile_text
+        """The report as text, ``rows`` rows in each table."""
+        from gpumagic.render.profile import profile_report
 
-        return profile_text(self, rows=rows)
+        return profile_report(self, rows).text()
 
     def to_html(self, rows: int = 15) -> str:
-        from gpumagic.render.profile import profile_html
+        """The report as HTML, ``rows`` rows in each table (no stylesheet: see
+        :mod:`gpumagic.render.html`; ``export`` writes a page with one)."""
+        from gpumagic.render.profile import profile_report
 
-        return profile_html(self, rows=rows)
+        return profile_report(self, rows).html(style=False)
 
     def export(self, path: str | Path, rows: int = 50) -> Path:
         """Write a self-contained HTML report (no scripts, no external files)."""
@@ -329,16 +460,3 @@ class ProfileResult(Rendered):
         out = Path(path)
         out.write_text(report_document(self, rows=rows), encoding="utf-8")
         return out
-
-
-def _communication_row(a: Analysis) -> dict[str, Any]:
-    """The per-rank columns of communication: the overlap, and the per-step split."""
-    split = a.comms.step_split(a.steps)
-    mean = split.mean(axis=0) if len(split) else [0.0] * 4
-    return {
-        "communication_overlap_percent": a.comms.overlap_percent,
-        "computation_only_us_per_step": float(mean[0]),
-        "overlap_us_per_step": float(mean[1]),
-        "communication_only_us_per_step": float(mean[2]),
-        "other_us_per_step": float(mean[3]),
-    }

@@ -1,47 +1,27 @@
-"""The HTML and text forms of a :class:`~gpumagic.profile.compare.Comparison`."""
+"""The report of a :class:`~gpumagic.profile.compare.Comparison`, declared once for text
+and HTML: the headline (the verdict on the step time), the metrics side by side with each
+change's 95% interval and verdict, both breakdowns, what became of each finding, and the
+cell's lines paired by their source. A relative change is never shown without its
+interval."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from gpumagic.render.html import escape, table, text_table, wrap
-from gpumagic.render.profile import CATEGORY_COLORS, stacked_bar
-from gpumagic.render.profile_code import first_line, shorten
-from gpumagic.units import fmt_count, fmt_percent, fmt_us
+from gpumagic.profile.analysis.noise import METHOD
+from gpumagic.profile.compare import change_text
+from gpumagic.render.profile import category_column, stacked_bar, text_bar
+from gpumagic.render.profile_code import first_line
+from gpumagic.render.sections import Figure, Heading, Paragraph, Report, Section, only
+from gpumagic.render.table import Column, Table
+from gpumagic.units import fmt_interval, fmt_named, fmt_percent, fmt_pp, fmt_us
 
 if TYPE_CHECKING:
-    import pandas as pd
-
     from gpumagic.profile.compare import Comparison
 
-
-def _metric_cell(metric: str, value: float) -> str:
-    if np.isnan(value):
-        return "–"
-    if metric.endswith("_us") or metric.endswith("_us_per_step"):
-        return fmt_us(value)
-    if metric.endswith("percent"):
-        return fmt_percent(value)
-    return fmt_count(value)
-
-
-def _delta_cell(metric: str, delta: float, pct: float) -> str:
-    if np.isnan(delta):
-        return "–"
-    if metric.endswith("percent"):
-        return f"{delta:+.1f} pp"
-    base = (
-        fmt_us(delta, signed=True)
-        if metric.endswith("_us") or metric.endswith("_per_step")
-        else f"{delta:+g}"
-    )
-    return base + (f" ({fmt_percent(pct, signed=True)})" if not np.isnan(pct) else "")
-
-
 _METRIC_LABELS = {
-    "step_time_us": "step time",
+    "step_time_median_us": "median step time",
+    "step_time_us": "mean step time",
     "gpu_utilization_percent": "GPU utilisation",
     "gpu_idle_us_per_step": "GPU idle per step",
     "sm_efficiency_percent": "est. SM efficiency",
@@ -52,125 +32,112 @@ _METRIC_LABELS = {
 }
 
 
-def _comparison_rows(c: Comparison) -> list[list[str]]:
-    rows = []
-    for metric, row in c.table.iterrows():
-        m = str(metric)
-        rows.append(
-            [
-                _METRIC_LABELS.get(m, m),
-                _metric_cell(m, row.a),
-                _metric_cell(m, row.b),
-                _delta_cell(m, row.delta, row.delta_percent),
-            ]
-        )
-    return rows
+def _change(c: Comparison, metric: str, delta: float) -> str:
+    d = c.differences.get(metric)
+    if d is not None and metric.endswith("percent") and d.interval is not None:
+        # a share (utilisation) changes by percentage points, its interval too
+        lo, hi = d.interval
+        return f"{fmt_pp(d.estimate)} (95% CI {fmt_pp(lo)} to {fmt_pp(hi)})"
+    if d is not None:
+        return change_text(d)
+    if delta != delta or metric.endswith("percent"):
+        # no value per step, so no interval: a share's change is not shown without one
+        return "–"
+    return fmt_us(delta, signed=True) if metric.endswith(("_us", "_per_step")) else f"{delta:+g}"
 
 
-def comparison_text(c: Comparison) -> str:
+def _metrics(c: Comparison) -> Table:
     a, b = c.names
-    lines = [f"compare: {a} -> {b}", f"  {c.headline}", ""]
-    lines.append(text_table(["metric", a, b, "change"], _comparison_rows(c), left=[0]))
-    lines.append("")
-    lines.append(
-        text_table(
-            ["category", a, b, "change"],
-            [
-                [
-                    str(cat),
-                    f"{fmt_us(r.a_us)} ({fmt_percent(r.a_percent)})",
-                    f"{fmt_us(r.b_us)} ({fmt_percent(r.b_percent)})",
-                    f"{r.delta_pp:+.1f} pp",
-                ]
-                for cat, r in c.breakdown.iterrows()
-            ],
-            left=[0],
-        )
+    rows = [
+        {"metric": str(m), **row}
+        for m, row in c.table.to_dict("index").items()
+        # a metric neither run has (GPU figures of CPU runs, communication without any): no row
+        if m in ("steps", "step_time_median_us", "step_time_us")
+        or any(v == v and v != 0 for v in (row["a"], row["b"]))
+    ]
+    return Table(
+        [
+            Column("metric", lambda x: _METRIC_LABELS.get(x["metric"], x["metric"]), align="left"),
+            Column(a, lambda x: fmt_named(x["metric"], x["a"])),
+            Column(b, lambda x: fmt_named(x["metric"], x["b"])),
+            Column("change (95% interval)", lambda x: _change(c, x["metric"], x["delta"])),
+            Column("verdict", lambda x: x["verdict"] or "–", align="left"),
+        ],
+        rows,
+        highlight=lambda x: "hot" if x["verdict"] not in ("", "no difference") else "",
     )
-    if not c.findings.empty:
-        lines.append("")
-        lines.append(
-            text_table(
-                ["finding", a, b, "status"],
-                [
-                    [f.rule, _saving(f.a_saving_us), _saving(f.b_saving_us), f.status]
-                    for f in c.findings.itertuples()
-                ],
-                left=[0, 3],
-            )
-        )
-    lines += comparison_lines_text(c)
-    return "\n".join(lines)
+
+
+def _share(us: float, percent: float) -> str:
+    return f"{fmt_us(us)} ({fmt_percent(percent)})"
+
+
+def _category_change(x: dict[str, Any]) -> str:
+    low, high = x["delta_low_us"], x["delta_high_us"]
+    spread = "" if low != low else f" ({fmt_interval((low, high), _signed_us)})"
+    return fmt_us(x["delta_us"], signed=True) + spread
+
+
+def _signed_us(value: float) -> str:
+    return fmt_us(value, signed=True)
+
+
+def _breakdown(c: Comparison) -> list[Section]:
+    a, b = c.names
+    rows = [
+        {"category": cat, **row}
+        for cat, row in c.breakdown.to_dict("index").items()
+        if row["a_us"] or row["b_us"]  # a category neither run spent time in: no row
+    ]
+    bars: list[Section] = []
+    for name, result in ((a, c.a), (b, c.b)):
+        percent = result.summary["breakdown_percent"]
+        bars += [
+            only("html", Paragraph(name)),
+            Figure(stacked_bar(percent), [f"{text_bar(percent)} {name}"]),
+        ]
+    return [
+        Heading("Step-time breakdown", f"mean per step, {a} -> {b}"),
+        *bars,
+        Table(
+            [
+                category_column(),
+                Column(a, lambda x: _share(x["a_us"], x["a_percent"])),
+                Column(b, lambda x: _share(x["b_us"], x["b_percent"])),
+                Column("change per step (95% interval)", _category_change),
+                Column("verdict", "verdict", align="left"),
+            ],
+            rows,
+        ),
+    ]
 
 
 def _saving(value: float | None) -> str:
-    if value is None or (isinstance(value, float) and np.isnan(value)):
+    if value is None or value != value:
         return "–"
     return f"~{fmt_us(value)}/step"
 
 
-def comparison_html(c: Comparison) -> str:
+def _findings(c: Comparison) -> list[Section]:
+    if c.findings.empty:
+        return []
     a, b = c.names
-    parts = [
-        f"<h4>compare <span class='gm-sub'>{escape(a)} → {escape(b)}</span></h4>",
-        f"<div class='gm-box gm-info'><b>{escape(c.headline)}</b></div>",
-        table(
-            ["metric", a, b, "change"],
-            [[escape(x) for x in row] for row in _comparison_rows(c)],
-            left=[0],
-        ),
-        f"<div class='gm-note'>{escape(a)}</div>",
-        stacked_bar(c.a.summary["breakdown_percent"]),
-        f"<div class='gm-note'>{escape(b)}</div>",
-        stacked_bar(c.b.summary["breakdown_percent"]),
-        table(
-            ["category", a, b, "change"],
+    return [
+        Heading("Findings", f"estimated saving per step, {a} -> {b}"),
+        Table(
             [
-                [
-                    f'<span style="color:{CATEGORY_COLORS[str(cat)]}">■</span> {escape(cat)}',
-                    escape(f"{fmt_us(r.a_us)} ({fmt_percent(r.a_percent)})"),
-                    escape(f"{fmt_us(r.b_us)} ({fmt_percent(r.b_percent)})"),
-                    escape(f"{r.delta_pp:+.1f} pp"),
-                ]
-                for cat, r in c.breakdown.iterrows()
+                Column("finding", "rule", align="left"),
+                Column(a, "a_saving_us", _saving),
+                Column(b, "b_saving_us", _saving),
+                Column("status", "status", align="left"),
             ],
-            left=[0],
+            c.findings.to_dict("records"),
         ),
     ]
-    if not c.findings.empty:
-        parts.append(
-            table(
-                ["finding", a, b, "status"],
-                [
-                    [
-                        escape(f.rule),
-                        escape(_saving(f.a_saving_us)),
-                        escape(_saving(f.b_saving_us)),
-                        escape(f.status),
-                    ]
-                    for f in c.findings.itertuples()
-                ],
-                left=[0, 3],
-            )
-        )
-    parts.append(comparison_lines_html(c))
-    return wrap("profile-compare", "".join(parts))
 
 
-# --- per line, between two runs of one cell ---------------------------------------------
-
-
-def _paired(c: Comparison) -> tuple[pd.DataFrame, bool] | None:
-    """The per-line rows to show (None: the runs share no line), and whether GPU time shows."""
-    lines = c.lines
-    if lines.empty or not (lines["a_host_us"].notna() & lines["b_host_us"].notna()).any():
-        return None
-    gpu = bool((lines[["a_device_us", "b_device_us"]].fillna(0) > 0).to_numpy().any())
-    return lines, gpu
-
-
-def _line_cell(x: Any) -> str:
-    a, b = x.a_line, x.b_line
+def _line_cell(x: dict[str, Any]) -> str:
+    a, b = x["a_line"], x["b_line"]
     if a != a:  # NaN: only the later run has it
         return f"{int(b)} (new)"
     if b != b:
@@ -178,53 +145,57 @@ def _line_cell(x: Any) -> str:
     return str(int(b)) if a == b else f"{int(b)} (was {int(a)})"
 
 
-def comparison_lines_text(c: Comparison) -> list[str]:
-    got = _paired(c)
-    if got is None:
+def _lines(c: Comparison) -> list[Section]:
+    """Per line of a cell run twice, paired by source (none: the runs share no line)."""
+    lines = c.lines
+    if lines.empty or not (lines["a_host_us"].notna() & lines["b_host_us"].notna()).any():
         return []
-    lines, gpu = got
+    gpu = bool((lines[["a_device_us", "b_device_us"]].fillna(0) > 0).to_numpy().any())
     a, b = c.names
-    headers = ["line", "host", "change"] + (["device", "change"] if gpu else []) + ["source"]
-    body = []
-    for x in lines.itertuples():
-        row = [_line_cell(x), f"{fmt_us(x.a_host_us)} -> {fmt_us(x.b_host_us)}"]
-        row.append(fmt_us(x.delta_host_us, signed=True))
-        if gpu:
-            row += [
-                f"{fmt_us(x.a_device_us)} -> {fmt_us(x.b_device_us)}",
-                fmt_us(x.delta_device_us, signed=True),
-            ]
-        row.append(shorten(first_line(str(x.source)), 60))
-        body.append(row)
+    columns = [
+        Column("line", _line_cell, align="left"),
+        Column("statement", lambda x: first_line(str(x["source"])), align="code", chars=60),
+        Column("host", lambda x: f"{fmt_us(x['a_host_us'])} -> {fmt_us(x['b_host_us'])}"),
+        Column("change", "delta_host_us", lambda v: fmt_us(v, signed=True)),
+    ]
+    if gpu:
+        columns += [
+            Column("GPU", lambda x: f"{fmt_us(x['a_device_us'])} -> {fmt_us(x['b_device_us'])}"),
+            Column("change", "delta_device_us", lambda v: fmt_us(v, signed=True)),
+        ]
     return [
-        "",
-        f"Per line, {a} -> {b} (lines paired by their source)",
-        text_table(headers, body, left=[len(headers) - 1]),
+        Heading(f"Per line, {a} -> {b}", "lines paired by their source"),
+        Table(columns, lines.to_dict("records")),
     ]
 
 
-def comparison_lines_html(c: Comparison) -> str:
-    got = _paired(c)
-    if got is None:
-        return ""
-    lines, gpu = got
+def _samples(c: Comparison) -> str:
+    (ra, na), (rb, nb) = c.step_time.samples
     a, b = c.names
-    headers = ["line", "statement", "host", "change"] + (["GPU", "change"] if gpu else [])
-    body = []
-    for x in lines.itertuples():
-        row = [
-            escape(_line_cell(x)),
-            escape(first_line(str(x.source))),
-            escape(f"{fmt_us(x.a_host_us)} → {fmt_us(x.b_host_us)}"),
-            escape(fmt_us(x.delta_host_us, signed=True)),
-        ]
-        if gpu:
-            row += [
-                escape(f"{fmt_us(x.a_device_us)} → {fmt_us(x.b_device_us)}"),
-                escape(fmt_us(x.delta_device_us, signed=True)),
-            ]
-        body.append(row)
+
+    def side(name: str, runs: int, steps: int) -> str:
+        return f"{name} {runs} run{'s' if runs != 1 else ''}, {steps} steps"
+
+    single = " One run a side cannot show run-to-run noise: --repeat N runs a cell N times." if (
+        ra == 1 or rb == 1
+    ) else ""
     return (
-        f"<h4>Per line <span class='gm-sub'>{escape(a)} → {escape(b)}, lines paired by "
-        "their source</span></h4>" + table(headers, body, code=[1])
+        f"Samples: {side(a, ra, na)}; {side(b, rb, nb)}. {METHOD}; otherwise no difference "
+        "beyond the noise. Metrics without a value per step (SM efficiency, occupancy, "
+        f"communication) are shown side by side, without a change.{single}"
+    )
+
+
+def comparison_report(c: Comparison) -> Report:
+    a, b = c.names
+    sections: list[Section] = [
+        Paragraph(c.headline, "info"),
+        _metrics(c),
+        Paragraph(_samples(c), prefix="note: "),
+        *_breakdown(c),
+        *_findings(c),
+        *_lines(c),
+    ]
+    return Report(
+        "profile-compare", "compare", f"{a} -> {b}", sections, summary=f"compare {a} -> {b}: {c.headline}"
     )

@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from gpumagic.render.html import escape, kv, table, text_table, wrap
-from gpumagic.units import fmt_bytes
+from gpumagic.render.html import escape
+from gpumagic.render.sections import (
+    Box,
+    Details,
+    Heading,
+    KeyValues,
+    Paragraph,
+    Report,
+    Section,
+)
+from gpumagic.render.table import Column, Table
+from gpumagic.units import fmt_bytes, fmt_text
 
 if TYPE_CHECKING:
     from gpumagic.environment.checks import Finding
     from gpumagic.environment.report import EnvReport, GpuInfo
 
 _LEVEL_MARK = {"error": "✖", "warning": "!", "info": "i"}
-
-
-def _value(value: object) -> str:
-    if value is None:
-        return "–"
-    return str(value)
 
 
 def _env_value(value: str | None) -> str:
@@ -29,21 +33,25 @@ def _env_value(value: str | None) -> str:
     return value
 
 
-def _gpu_rows(gpus: list[GpuInfo]) -> list[list[str]]:
-    return [
+def _gpu_table(gpus: list[GpuInfo]) -> Table:
+    return Table(
         [
-            str(g.index),
-            g.name,
-            fmt_bytes(g.total_memory),
-            fmt_bytes(g.used_memory),
-            _value(g.capability),
-            _value(g.multiprocessors),
-        ]
-        for g in gpus
-    ]
+            Column("#", "index"),
+            Column("name", "name", align="left"),
+            Column("memory", "total_memory", fmt_bytes),
+            Column("used", "used_memory", fmt_bytes),
+            Column("capability", "capability"),
+            Column("SMs", "multiprocessors"),
+        ],
+        gpus,
+    )
 
 
-_GPU_HEADERS = ["#", "name", "memory", "used", "capability", "SMs"]
+def _pairs(header: str, value: str, rows: dict[str, Any], fmt: Any = fmt_text) -> Table:
+    return Table(
+        [Column(header, lambda kv: kv[0], align="code"), Column(value, lambda kv: kv[1], fmt, "left")],
+        list(rows.items()),
+    )
 
 
 def _gpu_title(r: EnvReport) -> str:
@@ -54,10 +62,10 @@ def _gpu_title(r: EnvReport) -> str:
 
 def _build_items(r: EnvReport) -> list[tuple[str, str]]:
     return [
-        ("torch", f"{_value(r.torch_version)} ({r.torch_build})"),
-        ("CUDA runtime", _value(r.cuda_runtime)),
-        ("cuDNN", _value(r.cudnn)),
-        ("NCCL", _value(r.nccl)),
+        ("torch", f"{fmt_text(r.torch_version)} ({r.torch_build})"),
+        ("CUDA runtime", fmt_text(r.cuda_runtime)),
+        ("cuDNN", fmt_text(r.cudnn)),
+        ("NCCL", fmt_text(r.nccl)),
         ("driver", _driver_text(r)),
         ("Python", f"{r.python} ({r.python_executable})"),
         ("platform", r.platform),
@@ -79,82 +87,45 @@ def _cpu_items(r: EnvReport) -> list[tuple[str, str]]:
     quota = f"{c.quota:g}" if c.quota is not None else "none"
     return [
         ("usable CPUs", str(c.usable)),
-        ("os.cpu_count()", _value(c.logical)),
-        ("affinity", _value(c.affinity)),
+        ("os.cpu_count()", fmt_text(c.logical)),
+        ("affinity", fmt_text(c.affinity)),
         ("cgroup quota", quota),
-        ("torch threads", _value(r.torch_threads)),
-        ("interop threads", _value(r.torch_interop_threads)),
+        ("torch threads", fmt_text(r.torch_threads)),
+        ("interop threads", fmt_text(r.torch_interop_threads)),
         ("DataLoader num_workers", str(r.num_workers)),
     ]
 
 
-def _finding_text(f: Finding) -> str:
-    return f"{_LEVEL_MARK.get(f.level, '-')} {f.level}: {f.message}\n    fix: {f.fix}"
+def _finding(f: Finding) -> Box:
+    return Box(
+        [
+            Paragraph(f"{_LEVEL_MARK.get(f.level, '-')} {f.level}: {f.message}", "plain"),
+            Paragraph(f"fix: {f.fix}"),
+        ],
+        "info" if f.level == "info" else "box",
+        attrs=f' data-level="{escape(f.level)}" data-code="{escape(f.code)}"',
+    )
 
 
-def env_text(r: EnvReport) -> str:
-    parts = [f"%gpuenv: {r.gpu_summary}"]
-    if r.findings:
-        parts.append("\n".join(_finding_text(f) for f in r.findings))
+def env_report(r: EnvReport) -> Report:
+    """The traps first (each with its fix), then the GPUs, the build, the CPUs, the flags and
+    environment variables, and the packages."""
+    sections: list[Section] = [_finding(f) for f in r.findings]
     if r.gpus:
-        parts.append(_gpu_title(r) + "\n" + text_table(_GPU_HEADERS, _gpu_rows(r.gpus), left=[1]))
-    parts.append("\n".join(f"{k}: {v}" for k, v in _build_items(r)))
-    parts.append(
-        "CPUs: " + ", ".join(f"{k} {v}" for k, v in _cpu_items(r)) + f"\n  ({r.num_workers_rule})"
-    )
-    parts.append(
-        "flags\n"
-        + text_table(
-            ["setting", "value"], [[k, _value(v)] for k, v in r.flags.items()], left=[0, 1]
-        )
-    )
-    parts.append(
-        "environment variables\n"
-        + text_table(
-            ["variable", "value"], [[k, _env_value(v)] for k, v in r.env_vars.items()], left=[0, 1]
-        )
-    )
-    parts.append(
-        "packages\n"
-        + text_table(["package", "version"], [[k, v] for k, v in r.packages.items()], left=[0, 1])
-    )
-    return "\n\n".join(parts)
-
-
-def _finding_html(f: Finding) -> str:
-    cls = "gm-box gm-info" if f.level == "info" else "gm-box"
-    return (
-        f'<div class="{cls}" data-level="{escape(f.level)}" data-code="{escape(f.code)}">'
-        f"<b>{escape(f.level)}</b>: {escape(f.message)}"
-        f'<div class="gm-note">fix: {escape(f.fix)}</div></div>'
-    )
-
-
-def _esc_rows(rows: list[list[str]]) -> list[list[str]]:
-    return [[escape(c) for c in row] for row in rows]
-
-
-def env_html(r: EnvReport) -> str:
-    body = [f'<h4>%gpuenv <span class="gm-sub">{escape(r.gpu_summary)}</span></h4>']
-    body.extend(_finding_html(f) for f in r.findings)
-    if r.gpus:
-        body.append(f'<div class="gm-note">{escape(_gpu_title(r))}</div>')
-        body.append(table(_GPU_HEADERS, _esc_rows(_gpu_rows(r.gpus)), left=[1]))
-    body.append(kv((k, escape(v)) for k, v in _build_items(r)))
-    body.append(kv((k, escape(v)) for k, v in _cpu_items(r)))
-    body.append(f'<div class="gm-note">num_workers rule: {escape(r.num_workers_rule)}</div>')
-    flags = [[k, _value(v)] for k, v in r.flags.items()]
-    env_rows = [[k, _env_value(v)] for k, v in r.env_vars.items()]
-    packages = [[k, v] for k, v in r.packages.items()]
-    body.append(
-        "<details open><summary>flags and environment variables</summary>"
-        + table(["setting", "value"], _esc_rows(flags), code=[0], left=[1])
-        + table(["variable", "value"], _esc_rows(env_rows), code=[0], left=[1])
-        + "</details>"
-    )
-    body.append(
-        "<details><summary>packages</summary>"
-        + table(["package", "version"], _esc_rows(packages), left=[0, 1])
-        + "</details>"
-    )
-    return wrap("env", "".join(body))
+        sections += [Heading(_gpu_title(r)), _gpu_table(r.gpus)]
+    sections += [
+        Heading("build"),
+        KeyValues(_build_items(r)),
+        KeyValues(_cpu_items(r), inline="CPUs"),
+        Paragraph(f"num_workers rule: {r.num_workers_rule}", prefix="  "),
+        Details(
+            "flags and environment variables",
+            [
+                _pairs("setting", "value", r.flags),
+                _pairs("variable", "value", r.env_vars, _env_value),
+            ],
+            open=True,
+        ),
+        Details("packages", [_pairs("package", "version", r.packages)]),
+    ]
+    return Report("env", "%gpuenv", r.gpu_summary, sections)

@@ -10,11 +10,24 @@ A measured run (``%%memtrace``, ``%%gpuprofile``) is shown through :class:`LiveR
 :class:`gpumagic.cell.Presenter` that opens the view once the run started and puts the
 result in its place when the run is over.
 
-Front ends: in a Jupyter kernel with ipywidgets, an ``ipywidgets.HTML`` (widget comm
-messages flow while the kernel is busy running the cell); in a kernel without
-ipywidgets, an output updated in place through a display handle; in a terminal,
-nothing live (printing a frame a second would bury the cell's own output).
-``GPUMAGIC_LIVE=widget|display|off`` overrides the choice.
+Front ends (:func:`detect_mode`):
+
+* JupyterLab and Notebook 7 with ipywidgets: an ``ipywidgets.HTML`` (widget comm messages
+  flow while the kernel is busy running the cell).
+* VS Code's Jupyter extension: an output updated in place through a display handle. Its
+  widget renderer shows nothing for ipywidgets 8.1.9, the version pip resolves today
+  (vscode-jupyter#17504), so a widget would stay blank until the final output replaced it.
+  Found by its kernel messages (``username: "vscode"`` in their header) or the
+  ``VSCODE_PID``/``VSCODE_CWD`` variables VS Code passes to the kernels it starts.
+* Colab: display updates too; its widget manager drops updates sent from other threads
+  (colabtools#3373).
+* A kernel without ipywidgets: display updates.
+* A terminal (IPython without a notebook front end): nothing live, since printing a frame
+  a second would bury the cell's own output; the magic's final output is printed.
+
+``GPUMAGIC_LIVE=widget|display|off`` overrides the choice. Every frame and final output is
+HTML that survives a sanitiser (inline styles, charts as images), since display updates
+are saved with the notebook.
 """
 
 from __future__ import annotations
@@ -44,11 +57,24 @@ def detect_mode() -> str:
         return "off"  # terminal IPython or a plain InteractiveShell: no rich front end
     if "google.colab" in sys.modules:
         return "display"  # Colab's widget manager drops updates sent from other threads
+    if in_vscode(shell):
+        return "display"  # VS Code renders no ipywidgets 8.1.9 widget (vscode-jupyter#17504)
     try:
         import ipywidgets  # noqa: F401
     except ImportError:
         return "display"
     return "widget"
+
+
+def in_vscode(shell: Any) -> bool:
+    """Whether VS Code's Jupyter extension drives this kernel: its requests say
+    ``username: "vscode"`` in their header (a remote kernel included), and the kernels it
+    starts inherit ``VSCODE_PID``/``VSCODE_CWD``."""
+    if os.environ.get("VSCODE_PID") or os.environ.get("VSCODE_CWD"):
+        return True
+    parent = getattr(shell, "parent_header", None)
+    header = parent.get("header", {}) if isinstance(parent, dict) else {}
+    return isinstance(header, dict) and header.get("username") == "vscode"
 
 
 class LiveView:

@@ -1,153 +1,183 @@
-"""HTML and text for the ``%%memtrace`` result, and its live view while the cell runs."""
+"""The ``%%memtrace`` report (one declaration, text and HTML), the out-of-memory
+post-mortem, and the live view while the cell runs."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpumagic.device_kinds import HOST
+from gpumagic.device_kinds import CUDA
+from gpumagic.memory.categories import ACTIVATIONS, CATEGORIES, SHORT
 from gpumagic.memory.oom import OomReport
-from gpumagic.render.html import bar, escape, kv, table, text_table, wrap
-from gpumagic.render.svg import Chart, Series, render_chart
+from gpumagic.memory.report import BREAKDOWN_COLUMNS, CATEGORY_COLUMNS
+from gpumagic.render.html import PALETTE, escape, wrap
+from gpumagic.render.memchart import memory_chart_image
+from gpumagic.render.sections import (
+    Box,
+    Bullets,
+    Figure,
+    KeyValues,
+    Paragraph,
+    Report,
+    Section,
+)
+from gpumagic.render.svg import Chart, Series, chart_image
+from gpumagic.render.table import Bar, Column, Table
 from gpumagic.units import fmt_bytes, fmt_count, fmt_us
 
 if TYPE_CHECKING:
     from gpumagic.memory.report import MemTrace
     from gpumagic.memory.run import MemtraceStatus
+    from gpumagic.memory.timeline import AtPeak
 
 
-def _header_text(self: MemTrace) -> str:
-    status = f"  FAILED at line {_error_line(self)}: {self.error}" if self.error else ""
-    return (
-        f"%%memtrace on {self.device.label} ({self.device.why})\n"
-        f"cell peak {fmt_bytes(self.cell_peak)} ({fmt_bytes(self.peak_above_start, signed=True)} above start), "
-        f"net change {fmt_bytes(self.net_change, signed=True)}, "
-        f"reserved {fmt_bytes(self.final_reserved)}, time {fmt_us(self.elapsed_ns / 1000)}{status}"
-    )
+GROWTH, RELEASE, PEAK = PALETTE["alloc"], PALETTE["free"], PALETTE["peak"]
+# The heaviest statements and the one that failed: shaded in HTML, marked in the text form.
+_LEGEND = "Highlighted rows: the heaviest statements (* in the text form) and the one that failed (!)."
 
 
-def _error_line(self: MemTrace) -> int | None:
-    if self.error_index < 0:
-        return None
-    return self.statements[self.error_index].line
+def first_line(source: str) -> str:
+    first = source.splitlines()[0] if source else ""
+    return first + (" …" if "\n" in source else "")
 
 
-def memtrace_text(self: MemTrace) -> str:
-    rows = []
-    hot = self._hot()
-    for s in self._ran():
-        i = s.index
-        mark = "!" if i == self.error_index else ("*" if i in hot else " ")
-        src = ("  " * s.depth + s.source.splitlines()[0])[:60]
-        rows.append(
-            [
-                f"{mark}{s.line}",
-                fmt_count(self.hits[i]),
-                fmt_bytes(self.delta[i], signed=True),
-                fmt_bytes(self.peak[i]),
-                fmt_bytes(self.after[i]),
-                fmt_us(self.time_ns[i] / 1000),
-                src,
-            ]
-        )
-    body = text_table(
-        ["line", "hits", "delta", "peak", "allocated", self.time_label, "source"], rows, left=[6]
-    )
-    parts = [_header_text(self), body]
-    parts.extend(f"note: {n}" for n in (self.time_note, *self.notes) if n)
-    if self.oom is not None:
-        parts.append(oom_text(self.oom))
-    return "\n".join(parts)
+def _looped(t: MemTrace) -> bool:
+    return any(h > 1 for h in t.hits)
 
 
-def memtrace_html(self: MemTrace) -> str:
-    ran = self._ran()
-    hot = self._hot()
-    host_cols = self.device.kind != HOST
-    scale = max([abs(self.delta[s.index]) for s in ran] + [self.peak[s.index] for s in ran] + [1])
-    # On the host, allocated and reserved are both the RSS: one column says it.
-    headers = [
-        "line",
-        "statement",
-        "hits",
-        self.time_label,
-        "Δ allocated",
-        "peak in statement",
-        "allocated after",
+def _lines_table(t: MemTrace) -> Table:
+    rows = [
+        {**row, "heaviest": heavy}
+        for row, heavy in zip(t.lines.to_dict("records"), t.heaviest)
     ]
-    if host_cols:
-        headers += ["reserved after", "host Δ", "host peak"]
-    if self.has_breakdown:
-        headers += ["params", "grads", "optimizer", "other"]
-    rows, classes, titles = [], [], []
-    for s in ran:
-        i = s.index
-        d = self.delta[i]
-        first = s.source.splitlines()[0] if s.source else ""
-        more = " …" if "\n" in s.source else ""
-        cells = [
-            str(s.line),
-            "&nbsp;" * (4 * s.depth) + escape(first) + more,
-            fmt_count(self.hits[i]),
-            fmt_us(self.time_ns[i] / 1000),
-            fmt_bytes(d, signed=True)
-            + " "
-            + bar(abs(d) / scale, "#d9534f" if d > 0 else "#5cb85c", 60),
-            fmt_bytes(self.peak[i]) + " " + bar(self.peak[i] / scale, "#f0ad4e", 60),
-            fmt_bytes(self.after[i]),
-        ]
-        if host_cols:
-            cells += [
-                fmt_bytes(self.reserved_after[i]),
-                fmt_bytes(self.host_delta[i], signed=True),
-                fmt_bytes(self.host_peak[i]),
-            ]
-        if self.has_breakdown:
-            p = self.parts[i]
-            if p is None:
-                cells += ["–"] * 4
-            else:
-                cells += [fmt_bytes(v) for v in (*p, max(self.after[i] - sum(p), 0))]
-        rows.append(cells)
-        classes.append("gm-error" if i == self.error_index else ("gm-hot" if i in hot else ""))
-        titles.append(s.source)
-    summary = kv(
-        [
-            ("device", escape(self.device.label)),
-            (
-                "cell peak",
-                f"{fmt_bytes(self.cell_peak)} ({fmt_bytes(self.peak_above_start, signed=True)})",
-            ),
-            ("net change", fmt_bytes(self.net_change, signed=True)),
-            ("reserved at end", fmt_bytes(self.final_reserved)),
-            *(
-                [("host RSS change", fmt_bytes(self.host_final - self.host_initial, signed=True))]
-                if host_cols
-                else []
-            ),
-            ("time", fmt_us(self.elapsed_ns / 1000)),
-        ]
+    scale = max(
+        [abs(r["delta_per_hit_bytes"]) for r in rows] + [r["peak_bytes"] for r in rows] + [1]
     )
-    title = "<h4>%%memtrace"
-    if self.error:
-        title += f' <span class="gm-warn">failed at line {_error_line(self)}: {escape(self.error)}</span>'
-    title += "</h4>"
-    notes = f'<div class="gm-note">Tracking {escape(self.device.label)}: {escape(self.device.why)}.'
-    if self.has_breakdown:
-        notes += " Params/grads/optimizer/other: memory after the statement by owner."
-    notes += " Highlighted rows: heaviest statements."
-    for extra in (self.time_note, *self.notes):
-        if extra:
-            notes += " " + escape(extra if extra.endswith(".") else extra + ".")
-    notes += "</div>"
-    body = (
-        title
-        + summary
-        + table(headers, rows, left=[1], code=[1], row_classes=classes, title_attr=titles)
-        + notes
+    looped = _looped(t)
+    columns = [
+        Column("line", "line", align="left"),
+        Column(
+            "statement",
+            lambda r: "    " * int(r["depth"]) + first_line(r["source"]),
+            align="code",
+            chars=60,
+            tooltip=lambda r: r["source"],
+        ),
+        Column("hits", "hits", fmt_count),
+        Column(t.time_label + (" (all hits)" if looped else ""), "time_us", fmt_us),
+        Column(
+            "Δ per hit" if looped else "Δ allocated",
+            "delta_per_hit_bytes",
+            lambda v: fmt_bytes(v, signed=True),
+            bar=Bar(scale, lambda v: GROWTH if v > 0 else RELEASE),
+        ),
+        Column(
+            "peak (highest hit)" if looped else "peak in statement",
+            "peak_bytes",
+            fmt_bytes,
+            bar=Bar(scale, PEAK),
+        ),
+        Column("allocated after", "allocated_bytes", fmt_bytes),
+    ]
+    if t.device.kind == CUDA:
+        columns.append(Column("reserved after", "reserved_bytes", fmt_bytes))
+    if not t.device.pages:
+        # The traced bytes are tensors: the process's pages beside them (RSS counts library
+        # code paged in and blocks the C library keeps, not tensors).
+        # (host_peak_bytes stays in .lines: the table is wide enough with the categories)
+        columns.append(
+            Column("host RSS Δ", "host_delta_bytes", lambda v: fmt_bytes(v, signed=True))
+        )
+    if t.has_categories:
+        lines = t.lines
+        columns += [
+            Column(header, key, fmt_bytes)
+            for header, key in zip(SHORT, CATEGORY_COLUMNS)
+            if lines[key].fillna(0).astype(bool).any()  # a category no row holds is left out
+        ]
+    elif t.has_breakdown:
+        columns += [
+            Column(header, key, fmt_bytes)
+            for header, key in zip(("params", "grads", "optimizer", "other"), BREAKDOWN_COLUMNS)
+        ]
+    return Table(
+        columns,
+        rows,
+        highlight=lambda r: "error" if r["failed"] else ("hot" if r["heaviest"] else ""),
+        marks=True,
     )
-    if self.oom is not None:
-        body += oom_html(self.oom)
-    return wrap("memtrace", body)
+
+
+def _summary(t: MemTrace) -> KeyValues:
+    items = [
+        ("cell peak", f"{fmt_bytes(t.cell_peak)} ({fmt_bytes(t.peak_above_start, signed=True)})"),
+        ("net change", fmt_bytes(t.net_change, signed=True)),
+    ]
+    if t.device.kind == CUDA:
+        items.append(("reserved at end", fmt_bytes(t.final_reserved)))
+    if not t.device.pages:
+        items.append(("host RSS change", fmt_bytes(t.host_final - t.host_initial, signed=True)))
+    items.append(("time", fmt_us(t.elapsed_ns / 1000)))
+    return KeyValues(items, inline="")
+
+
+def _categories_text(categories: dict[str, int]) -> str:
+    return ", ".join(f"{name} {fmt_bytes(n)}" for name, n in categories.items() if n)
+
+
+def at_peak_section(peak: AtPeak) -> Section:
+    """What was alive at the cell's highest moment, and whose activations."""
+    head = (
+        f"At the peak ({fmt_bytes(peak.total)}, during line {peak.line}"
+        + (f", hit {fmt_count(peak.hit)}" if peak.hit > 1 else "")
+        + f"): {_categories_text(peak.categories)}."
+    )
+    blocks = peak.blocks()
+    if blocks and peak.activations:
+        shown = list(blocks.items())[:6]
+        rest = sum(n for _, n in list(blocks.items())[6:])
+        mods = ", ".join(f"{name} {fmt_bytes(n)}" for name, n in shown)
+        head += f" Activations by module: {mods}" + (f", others {fmt_bytes(rest)}" if rest else "") + "."
+    return Paragraph(head, "plain", css="gm-at-peak")
+
+
+def _census_legend(t: MemTrace) -> str:
+    if not t.has_categories:
+        return ""
+    return (
+        "Categories: memory after each statement by owner (parameters and buffers, their "
+        "gradients, optimizer state, activations kept for backward, temporaries, tensors your "
+        "variables name, other); they add up to 'allocated after'. Temporaries live inside a "
+        "statement: they show in its peak and in the chart."
+    )
+
+
+def memtrace_report(t: MemTrace) -> Report:
+    """The cell's peak and net change, a row per statement that ran, the chart by category
+    and what was alive at the peak, the caveats on reading them, and the out-of-memory
+    post-mortem when a statement ran out."""
+    tracking = f"Tracking {t.device.label}: {t.device.why}."
+    if t.has_breakdown:
+        tracking += " Params/grads/optimizer/other: memory after the statement by owner."
+    sections: list[Section] = [_summary(t), _lines_table(t)]
+    if t.has_categories:
+        chart_title = f"{t.device.label}: memory by category over the cell's statements"
+        sections.append(Figure(lambda: memory_chart_image(t.points, t.statements, chart_title)))
+        peak = t.at_peak
+        if peak is not None:
+            sections.append(at_peak_section(peak))
+    legend = " ".join(p for p in (tracking, _census_legend(t), _LEGEND) if p)
+    sections += [
+        Paragraph(legend),
+        *(Paragraph(n, prefix="note: ") for n in (t.time_note, *t.notes) if n),
+    ]
+    if t.oom is not None:
+        sections.append(oom_section(t.oom))
+    warn = f"failed at line {t.failed_line}: {t.error}" if t.error else ""
+    summary = (
+        f"%%memtrace {t.device.label}: {len(t.lines)} statements, peak "
+        f"{fmt_bytes(t.cell_peak)}, net {fmt_bytes(t.net_change, signed=True)}"
+    )
+    return Report("memtrace", "%%memtrace", t.device.label, sections, warn=warn, summary=summary)
 
 
 def _asked_and_free(report: OomReport) -> tuple[str, str]:
@@ -159,41 +189,28 @@ def _asked_and_free(report: OomReport) -> tuple[str, str]:
     return asked, free
 
 
-def oom_text(report: OomReport) -> str:
-    asked, free = _asked_and_free(report)
-    lines = [f"Out of memory on {report.device}: {report.exception}"]
-    lines.append(
-        f"  asked for {asked}; free {free}"
-        + (f" of {fmt_bytes(report.total)}" if report.total else "")
-        + (f"; allocated {fmt_bytes(report.allocated)}" if report.allocated is not None else "")
-        + (
-            f"; reserved but unallocated {fmt_bytes(report.reserved_unallocated)}"
-            if report.reserved_unallocated is not None
-            else ""
-        )
-    )
-    if report.requested_note:
-        lines.append(f"  asked for: {report.requested_note}")
-    if report.limit_note:
-        lines.append(f"  note: {report.limit_note}")
-    if report.released:
-        lines.append(f"  released with the failed call's frames: {fmt_bytes(report.released)}")
-    if report.holders:
-        lines.append("  largest live tensors:")
-        for h in report.holders[:10]:
-            lines.append(
-                f"    {fmt_bytes(h.nbytes):>10}  {h.name}  ({h.role}, {list(h.shape)}, {h.dtype})"
-            )
+def _holders_table(report: OomReport) -> Table:
+    rows: list[tuple[int, str, str, str, str]] = [
+        (h.nbytes, h.name, h.role, str(list(h.shape)), h.dtype) for h in report.holders[:10]
+    ]
     if report.unnamed_count:
-        lines.append(
-            f"    {fmt_bytes(report.unnamed_bytes):>10}  in {report.unnamed_count} tensors no variable names"
+        rows.append(
+            (report.unnamed_bytes, f"{report.unnamed_count} tensors no variable names", "", "", "")
         )
-    lines.append("  what to try:")
-    lines.extend(f"    - {a}" for a in report.advice)
-    return "\n".join(lines)
+    return Table(
+        [
+            Column("size", 0, fmt_bytes),
+            Column("held by", 1, align="code"),
+            Column("role", 2, align="left"),
+            Column("shape", 3, align="left"),
+            Column("dtype", 4, align="left"),
+        ],
+        rows,
+    )
 
 
-def oom_html(report: OomReport) -> str:
+def oom_section(report: OomReport) -> Box:
+    """What was asked, what was free and fragmented, who holds the memory, what to try."""
     asked, free = _asked_and_free(report)
     facts = [
         ("asked for", asked),
@@ -203,51 +220,41 @@ def oom_html(report: OomReport) -> str:
         facts.append(("allocated", fmt_bytes(report.allocated)))
     if report.reserved_unallocated is not None:
         frag = fmt_bytes(report.reserved_unallocated)
-        if report.fragmented:
-            frag = f'<span class="gm-warn">{frag} (fragmented)</span>'
-        facts.append(("reserved but unallocated", frag))
+        facts.append(("reserved but unallocated", frag + (" (fragmented)" if report.fragmented else "")))
     if report.released:
         facts.append(("released with the failed call's frames", fmt_bytes(report.released)))
-    out = [
-        f'<div class="gm-box"><b>Out of memory on {escape(report.device)}</b>: {escape(report.exception)}'
+    sections: list[Section] = [
+        Paragraph(f"Out of memory on {report.device}: {report.exception}", "plain"),
+        KeyValues(facts, inline="", warn=["reserved but unallocated"] if report.fragmented else ()),
     ]
-    out.append(kv(facts))
+    if report.categories is not None:
+        sections.append(Paragraph(_at_failure(report), "plain", css="gm-at-failure"))
     if report.requested_note:
-        out.append(f'<div class="gm-note">Asked for: {escape(report.requested_note)}.</div>')
+        sections.append(Paragraph(f"Asked for: {report.requested_note}."))
     if report.limit_note:
-        out.append(f'<div class="gm-note">{escape(report.limit_note)}</div>')
+        sections.append(Paragraph(report.limit_note, prefix="note: "))
     if report.holders or report.unnamed_count:
-        rows = [
-            [
-                fmt_bytes(h.nbytes),
-                escape(h.name),
-                escape(h.role),
-                escape(str(list(h.shape))),
-                escape(h.dtype),
-            ]
-            for h in report.holders[:10]
-        ]
-        if report.unnamed_count:
-            rows.append(
-                [
-                    fmt_bytes(report.unnamed_bytes),
-                    f"<i>{report.unnamed_count} tensors no variable names</i>",
-                    "",
-                    "",
-                    "",
-                ]
-            )
-        out.append("<div>Largest live tensors:</div>")
-        out.append(
-            table(["size", "held by", "role", "shape", "dtype"], rows, left=[1, 2], code=[1])
-        )
-    out.append(
-        "<div>What to try:</div><ul>"
-        + "".join(f"<li>{escape(a)}</li>" for a in report.advice)
-        + "</ul>"
-    )
-    out.append("</div>")
-    return "".join(out)
+        sections += [Paragraph("Largest live tensors:", "plain"), _holders_table(report)]
+    sections.append(Bullets("What to try", report.advice))
+    return Box(sections, css="gm-oom")
+
+
+def _at_failure(report: OomReport) -> str:
+    assert report.categories is not None
+    text = "Tensors at the failure: " + _categories_text(dict(zip(CATEGORIES, report.categories)))
+    act = report.categories[ACTIVATIONS]
+    if act and report.activations:
+        mods = ", ".join(f"{name} {fmt_bytes(n)}" for name, n in report.activations[:6])
+        text += f"; the activations kept for backward ({fmt_bytes(act)}) by module: {mods}"
+    return text + "."
+
+
+def oom_text(report: OomReport) -> str:
+    return "\n".join(oom_section(report).text())
+
+
+def oom_html(report: OomReport) -> str:
+    return oom_section(report).html()
 
 
 def memtrace_live_html(status: MemtraceStatus) -> str:
@@ -278,6 +285,6 @@ def memtrace_live_html(status: MemtraceStatus) -> str:
     elapsed = xs[-1] if xs else 0.0
     body = (
         f"<div><b>%%memtrace</b> {now} · {elapsed:.1f} s · "
-        f"allocated {fmt_bytes(timeline[-1][1] if timeline else 0)}</div>" + render_chart(chart)
+        f"allocated {fmt_bytes(timeline[-1][1] if timeline else 0)}</div>" + chart_image(chart)
     )
     return wrap("memtrace-live", body)

@@ -4,11 +4,14 @@ finding points."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gpumagic.render.html import bar, escape, table, text_table
+from gpumagic.render.html import NOTE_STYLE, bar, escape
+from gpumagic.render.sections import Heading, Paragraph, Section, only, sub_span
+from gpumagic.render.table import Bar, Column, Table, cut
 from gpumagic.units import fmt_count, fmt_percent, fmt_us
 
 if TYPE_CHECKING:
@@ -24,7 +27,7 @@ MAX_TREE_NODES = 400  # past this the module tree is cut (a model of thousands o
 
 
 def shorten(name: str, n: int) -> str:
-    return name if len(name) <= n else name[: n - 1] + "…"
+    return cut(name, n)
 
 
 def first_line(source: str) -> str:
@@ -62,88 +65,48 @@ def _has_gpu(r: ProfileResult) -> bool:
 
 
 def _lines_title(r: ProfileResult, lines: pd.DataFrame) -> str:
-    from gpumagic.profile.analysis.lines import line_attribution
-
     total = float(lines["host_us"].sum())
-    span = line_attribution(r.primary).profiled_us
-    text = f"host time {fmt_us(total)} in all, of the {fmt_us(span)} the statements spanned"
+    text = f"host time {fmt_us(total)} in all, of the {fmt_us(r.lines_span_us)} the statements spanned"
     return text + ("; GPU time by the line that launched it" if _has_gpu(r) else "")
 
 
-def lines_text(r: ProfileResult) -> list[str]:
+def lines_sections(r: ProfileResult) -> list[Section]:
+    """Each statement of the cell: hits, host time, the GPU time it launched, its top
+    operator and kernel; the heaviest line highlighted (GPU time first, where there is one)."""
     lines = r.lines
     if lines.empty:
-        return ["", r.lines_note] if r.lines_note else []
-    gpu = _has_gpu(r)
-    headers = ["line", "hits", "host", "host %"]
-    headers += ["device", "device %", "top kernel"] if gpu else []
-    headers += ["top op", "source"]
-    body = []
-    for x in lines.itertuples():
-        row = [str(x.line), fmt_count(x.hits), fmt_us(x.host_us), fmt_percent(x.host_percent)]
-        if gpu:
-            row += [fmt_us(x.device_us), fmt_percent(x.device_percent), shorten(x.top_kernel, 30)]
-        row += [shorten(x.top_op, 30), shorten("  " * int(x.depth) + first_line(x.source), 70)]
-        body.append(row)
-    left = [i for i, h in enumerate(headers) if h in ("top kernel", "top op", "source")]
-    return [
-        "",
-        f"Lines of the cell: {_lines_title(r, lines)}",
-        text_table(headers, body, left=left),
-    ]
-
-
-def lines_html(r: ProfileResult) -> str:
-    lines = r.lines
-    if lines.empty:
-        return (
-            f"<div class='gm-note gm-lines-note'>{escape(r.lines_note)}</div>"
-            if r.lines_note
-            else ""
-        )
+        note = Paragraph(r.lines_note, css="gm-lines-note")
+        return [Heading("Lines of the cell"), note] if r.lines_note else []
     gpu = _has_gpu(r)
     host_max = max(float(lines["host_us"].max()), 1e-9)
     dev_max = max(float(lines["device_us"].max()), 1e-9)
     hot = int(np.argmax(lines["device_us"] if gpu and dev_max > 1e-9 else lines["host_us"]))
-    headers = ["line", "statement", "hits", "host time"]
-    headers += ["GPU time", "GPU share", "top kernel"] if gpu else []
-    headers += ["top operator"]
-    rows, keys, titles, classes = [], [], [], []
-    for i, x in enumerate(lines.itertuples()):
-        src = escape("    " * int(x.depth) + first_line(x.source))
-        cells = [
-            str(x.line),
-            src,
-            fmt_count(x.hits),
-            f"{fmt_us(x.host_us)} {bar(x.host_us / host_max, HOST_COLOR, 60)}",
+    rows = [{**row, "hot": i == hot} for i, row in enumerate(lines.to_dict("records"))]
+    columns = [
+        Column("line", "line"),
+        Column(
+            "statement",
+            lambda x: "    " * int(x["depth"]) + first_line(x["source"]),
+            align="code",
+            chars=60,
+            tooltip=lambda x: x["source"],
+        ),
+        Column("hits", "hits", fmt_count),
+        Column("host time", "host_us", fmt_us, bar=Bar(host_max, HOST_COLOR)),
+        Column("host share", "host_percent", fmt_percent),
+    ]
+    if gpu:
+        columns += [
+            Column("GPU time", "device_us", fmt_us, bar=Bar(dev_max, DEVICE_COLOR)),
+            Column("GPU share", "device_percent", fmt_percent),
+            Column("top kernel", "top_kernel", align="code", chars=30, html_chars=_OP_CHARS),
         ]
-        key: list[object] = [x.line, x.source, x.hits, x.host_us]
-        if gpu:
-            cells += [
-                f"{fmt_us(x.device_us)} {bar(x.device_us / dev_max, DEVICE_COLOR, 60)}",
-                fmt_percent(x.device_percent),
-                escape(shorten(x.top_kernel, _OP_CHARS)),
-            ]
-            key += [x.device_us, x.device_percent, x.top_kernel]
-        cells.append(escape(shorten(x.top_op, _OP_CHARS)))
-        key.append(x.top_op)
-        rows.append(cells)
-        keys.append(key)
-        titles.append(x.source)
-        classes.append("gm-hot" if i == hot else "")
-    code = [1] + ([6, 7] if gpu else [4])
-    return f"<h4>Lines <span class='gm-sub'>{escape(_lines_title(r, lines))}</span></h4>" + table(
-        headers, rows, code=code, row_classes=classes, title_attr=titles, sort_keys=keys
-    )
+    columns.append(Column("top operator", "top_op", align="code", chars=30, html_chars=_OP_CHARS))
+    table = Table(columns, rows, highlight=lambda x: "hot" if x["hot"] else "", sortable=True)
+    return [Heading("Lines of the cell", _lines_title(r, lines)), table]
 
 
 # --- modules -----------------------------------------------------------------------------
-
-
-def _module_note(r: ProfileResult) -> str:
-    from gpumagic.profile.analysis.modules import ORIGIN_NOTES, module_attribution
-
-    return ORIGIN_NOTES.get(module_attribution(r.primary).origin, "")
 
 
 def _module_total(m: pd.DataFrame, gpu: bool) -> pd.Series:
@@ -152,85 +115,104 @@ def _module_total(m: pd.DataFrame, gpu: bool) -> pd.Series:
     return m["forward_host_us"] + m["backward_host_us"]
 
 
-def modules_text(r: ProfileResult, rows: int) -> list[str]:
+def _top_modules(m: pd.DataFrame, gpu: bool, rows: int) -> Table:
+    top = m.assign(_t=_module_total(m, gpu)).sort_values("_t", ascending=False, kind="stable")
+    columns = [
+        Column("module", "module", align="code", chars=50),
+        Column("type", "type", align="left", chars=20),
+        Column("calls", "calls", fmt_count),
+        Column("fwd host", "forward_host_us", fmt_us),
+        Column("bwd host", "backward_host_us", fmt_us),
+    ]
+    if gpu:
+        columns += [
+            Column("fwd device", "forward_device_us", fmt_us),
+            Column("bwd device", "backward_device_us", fmt_us),
+        ]
+    return Table(columns, top.head(rows).to_dict("records"))
+
+
+@dataclass
+class ModuleTree:
+    """Every module as a tree in HTML (bars: forward + backward time, inclusive of children;
+    the first level open), cut at :data:`MAX_TREE_NODES`."""
+
+    modules: pd.DataFrame
+    gpu: bool
+
+    def text(self) -> list[str]:
+        return []
+
+    def html(self) -> str:
+        m, gpu = self.modules, self.gpu
+        total = _module_total(m, gpu).to_numpy()
+        scale = max(float(total.max()), 1e-9)
+        children: dict[str, list[int]] = {}
+        for i, parent in enumerate(m["parent"].tolist()):
+            children.setdefault(str(parent), []).append(i)
+        records = m.to_dict("records")
+        shown = 0
+
+        def node(i: int) -> str:
+            nonlocal shown
+            shown += 1
+            x = records[i]
+            label = (
+                f"{bar(total[i] / scale, DEVICE_COLOR if gpu else HOST_COLOR, 60)} "
+                f"<code>{escape(x['module'])}</code>"
+                + sub_span(f"{x['type']} · {fmt_count(x['calls'])} calls · {_times(x, gpu)}")
+            )
+            kids = children.get(str(x["module"]), [])
+            if not kids:
+                return f"<div class='gm-module' style='margin-left:14px'>{label}</div>"
+            inner = []
+            for k in kids:
+                if shown >= MAX_TREE_NODES:
+                    more = f"… {len(m) - shown} more modules in .modules"
+                    inner.append(f"<div class='gm-note' style='{NOTE_STYLE}'>{more}</div>")
+                    break
+                inner.append(node(k))
+            opened = " open" if int(x["depth"]) < 1 else ""
+            return (
+                f"<details class='gm-module'{opened}><summary>{label}</summary>"
+                f"<div style='margin-left:14px'>{''.join(inner)}</div></details>"
+            )
+
+        return "".join(node(i) for i in children.get("", []) if shown < MAX_TREE_NODES)
+
+
+def _times(x: dict[str, Any], gpu: bool) -> str:
+    host = f"fwd {fmt_us(x['forward_host_us'])} · bwd {fmt_us(x['backward_host_us'])}"
+    if not gpu:
+        return host
+    return (
+        f"GPU fwd {fmt_us(x['forward_device_us'])} · bwd {fmt_us(x['backward_device_us'])} · "
+        f"host {host}"
+    )
+
+
+def modules_sections(r: ProfileResult, rows: int) -> list[Section]:
+    """The modules: a tree of all of them in HTML, the top ``rows`` by time in text."""
     m = r.modules
     if m.empty:
         return []
     gpu = _has_gpu(r)
-    top = m.assign(_t=_module_total(m, gpu)).sort_values("_t", ascending=False, kind="stable")
-    headers = ["module", "type", "calls", "fwd host", "bwd host"]
-    headers += ["fwd device", "bwd device"] if gpu else []
-    body = []
-    for x in top.head(rows).itertuples():
-        row = [
-            shorten(str(x.module), 50),
-            shorten(str(x.type), 20),
-            fmt_count(x.calls),
-            fmt_us(x.forward_host_us),
-            fmt_us(x.backward_host_us),
-        ]
-        if gpu:
-            row += [fmt_us(x.forward_device_us), fmt_us(x.backward_device_us)]
-        body.append(row)
-    return [
-        "",
-        f"Top modules (of {fmt_count(len(m))}; inclusive of children; {_module_note(r)})",
-        text_table(headers, body, left=[0, 1]),
-    ]
-
-
-def modules_html(r: ProfileResult) -> str:
-    m = r.modules
-    if m.empty:
-        return ""
-    gpu = _has_gpu(r)
-    total = _module_total(m, gpu).to_numpy()
-    scale = max(float(total.max()), 1e-9)
-    children: dict[str, list[int]] = {}
-    for i, parent in enumerate(m["parent"].tolist()):
-        children.setdefault(str(parent), []).append(i)
-    shown = 0
-
-    def node(i: int) -> str:
-        nonlocal shown
-        shown += 1
-        x = m.iloc[i]
-        times = [f"fwd {fmt_us(x.forward_host_us)}", f"bwd {fmt_us(x.backward_host_us)}"]
-        if gpu:
-            times = [
-                f"GPU fwd {fmt_us(x.forward_device_us)}",
-                f"bwd {fmt_us(x.backward_device_us)}",
-                f"host fwd {fmt_us(x.forward_host_us)}",
-                f"bwd {fmt_us(x.backward_host_us)}",
-            ]
-        label = (
-            f"{bar(total[i] / scale, DEVICE_COLOR if gpu else HOST_COLOR, 60)} "
-            f"<code>{escape(x.module)}</code> <span class='gm-sub'>{escape(x.type)} · "
-            f"{fmt_count(x.calls)} calls · {escape(' · '.join(times))}</span>"
-        )
-        kids = children.get(str(x.module), [])
-        if not kids:
-            return f"<div class='gm-module' style='margin-left:14px'>{label}</div>"
-        inner = []
-        for k in kids:
-            if shown >= MAX_TREE_NODES:
-                inner.append(
-                    f"<div class='gm-note'>… {len(m) - shown} more modules in .modules</div>"
-                )
-                break
-            inner.append(node(k))
-        opened = " open" if int(x.depth) < 1 else ""
-        return (
-            f"<details class='gm-module'{opened}><summary>{label}</summary>"
-            f"<div style='margin-left:14px'>{''.join(inner)}</div></details>"
-        )
-
-    roots = [node(i) for i in children.get("", []) if shown < MAX_TREE_NODES]
     what = "GPU time" if gpu else "host time"
-    return (
-        f"<h4>Modules <span class='gm-sub'>{fmt_count(len(m))} modules; bars: forward + backward "
-        f"{what}, inclusive of children; {escape(_module_note(r))}</span></h4>" + "".join(roots)
-    )
-
-
-# --- comparison --------------------------------------------------------------------------
+    return [
+        only(
+            "html",
+            Heading(
+                "Modules",
+                f"{fmt_count(len(m))} modules; bars: forward + backward {what}, inclusive of "
+                f"children; {r.modules_note}",
+            ),
+        ),
+        only(
+            "text",
+            Heading(
+                f"Top modules (of {fmt_count(len(m))}; inclusive of children; {r.modules_note})"
+            ),
+        ),
+        ModuleTree(m, gpu),
+        only("text", _top_modules(m, gpu, rows)),
+    ]

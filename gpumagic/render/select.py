@@ -4,15 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpumagic.render.html import escape, table, text_table, wrap
+from gpumagic.render.sections import Paragraph, Report
+from gpumagic.render.table import Column, Table
 from gpumagic.units import fmt_bytes, fmt_percent
 
 if TYPE_CHECKING:
     from gpumagic.monitor.choose import Candidate, GpuChoice
-
-_HEADERS = ["GPU", "name", "free / total", "util", "other processes", "verdict"]
-_LEFT = (0, 1, 4, 5)
-
 
 def _verdict(choice: GpuChoice, c: Candidate) -> str:
     if c.chosen:
@@ -30,18 +27,16 @@ def _others(c: Candidate) -> str:
     return f"{len(others)}: {', '.join(c.users)} ({fmt_bytes(total)})"
 
 
-def _rows(choice: GpuChoice) -> list[list[str]]:
-    return [
-        [
-            f"GPU {c.index}",
-            c.name,
-            f"{fmt_bytes(c.free)} / {fmt_bytes(c.total)}",
-            fmt_percent(c.utilization),
-            _others(c),
-            _verdict(choice, c),
-        ]
-        for c in choice.candidates
+def _table(choice: GpuChoice) -> Table:
+    columns = [
+        Column("GPU", lambda c: f"GPU {c.index}", align="left"),
+        Column("name", "name", align="left"),
+        Column("free / total", lambda c: f"{fmt_bytes(c.free)} / {fmt_bytes(c.total)}"),
+        Column("util", "utilization", fmt_percent),
+        Column("other processes", _others, align="left"),
+        Column("verdict", lambda c: _verdict(choice, c), align="left"),
     ]
+    return Table(columns, choice.candidates, highlight=lambda c: "hot" if c.chosen else "")
 
 
 def headline(choice: GpuChoice) -> str:
@@ -63,23 +58,15 @@ def env_line(choice: GpuChoice) -> str:
     return f"Set {sets}: cuda:0 is GPU {choice.indices[0]}, numbered as nvidia-smi numbers it."
 
 
-def choice_text(choice: GpuChoice) -> str:
-    lines = [headline(choice), env_line(choice), text_table(_HEADERS, _rows(choice), left=_LEFT)]
-    lines.extend(f"note: {n}" for n in choice.notes)
-    return "\n".join(lines)
-
-
-def choice_html(choice: GpuChoice) -> str:
-    rows = [[escape(v) for v in r] for r in _rows(choice)]
-    body = (
-        f'<h4>gpuselect <span class="gm-sub">{escape(env_line(choice))}</span></h4>'
-        f'<div class="gm-box gm-info">{escape(headline(choice))}</div>'
-        + table(
-            _HEADERS,
-            rows,
-            left=_LEFT,
-            row_classes=["gm-hot" if c.chosen else "" for c in choice.candidates],
-        )
-        + "".join(f'<div class="gm-note">{escape(n)}</div>' for n in choice.notes)
+def choice_report(choice: GpuChoice) -> Report:
+    """The headline (what was chosen, on which criteria), then every GPU with why (not)."""
+    return Report(
+        "select",
+        "gpuselect",
+        env_line(choice),
+        [
+            Paragraph(headline(choice), "info"),
+            _table(choice),
+            *(Paragraph(n, prefix="note: ") for n in choice.notes),
+        ],
     )
-    return wrap("select", body)

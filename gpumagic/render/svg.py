@@ -1,12 +1,54 @@
 """SVG charts drawn as strings: cheap enough to redraw every second in a live view
-(no matplotlib per frame), and self-contained in saved notebooks and HTML exports."""
+(no matplotlib per frame), and self-contained in saved notebooks and HTML exports.
+
+Every chart reaches the page as an image, never as inline ``<svg>``: untrusted notebooks
+(every notebook someone else saved), GitHub and nbviewer drop inline ``<svg>`` elements and
+``<style>`` blocks, and keep ``<img src="data:image/svg+xml;base64,...">``. :func:`svg_image`
+is that one step for any drawing (``svg_open`` starts one); :func:`chart_image` draws a
+:class:`Chart` through it. The image's ``alt`` text (also its tooltip) says in words what the
+chart shows, for readers that get no image: screen readers, a markdown export's reader.
+
+Inside an image the page's text colour does not reach the drawing (``currentColor`` is
+black there), so text is drawn in a class whose colour follows the reader's light or dark
+preference (``prefers-color-scheme``, which an SVG image sees).
+"""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gpumagic.render.html import escape
+
+# The one stylesheet a drawing carries, inside the image where no sanitiser reaches it.
+_SVG_STYLE = (
+    "<style>.fg{fill:#333}.dim{fill:#777}"
+    "@media (prefers-color-scheme: dark){.fg{fill:#ddd}.dim{fill:#aaa}}</style>"
+)
+
+
+def svg_open(width: int, height: int, font_size: int = 9) -> str:
+    """The start of a standalone drawing: namespace, size, font, the text classes ``fg``
+    (labels) and ``dim`` (axis values); close it with ``</svg>``."""
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="{font_size}">'
+        f"{_SVG_STYLE}"
+    )
+
+
+def svg_image(svg: str, width: int, height: int, alt: str, css: str = "") -> str:
+    """``svg`` (a whole ``<svg>`` document) as an ``<img>`` with a data URI, ``width`` ×
+    ``height`` CSS pixels (narrower where the output area is), ``alt`` its text and tooltip;
+    ``css`` a class that tests and the browser find it by."""
+    data = base64.b64encode(svg.encode("utf-8")).decode("ascii")
+    klass = f' class="{escape(css)}"' if css else ""
+    return (
+        f'<img{klass} src="data:image/svg+xml;base64,{data}" width="{width}" height="{height}" '
+        f'alt="{escape(alt)}" title="{escape(alt)}" '
+        'style="max-width:100%;height:auto;vertical-align:middle">'
+    )
 
 
 @dataclass
@@ -43,6 +85,7 @@ class Chart:
     x_max: float | None = None
     bands: list[Band] = field(default_factory=list)
     y_format: object = None  # callable(float) -> str for the axis labels
+    alt: str = ""  # what the chart shows, in words (the image's alt text; the title if empty)
 
 
 def render_chart(chart: Chart) -> str:
@@ -70,13 +113,10 @@ def render_chart(chart: Chart) -> str:
         return pad_t + ph - (y - y_lo) / (y_hi - y_lo) * ph
 
     fmt = chart.y_format if callable(chart.y_format) else (lambda v: f"{v:g}")
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
-        f'viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="9">'
-    ]
+    out = [svg_open(w, h)]
     if chart.title:
         out.append(
-            f'<text x="{pad_l}" y="11" font-size="10" fill="currentColor">{escape(chart.title)}</text>'
+            f'<text x="{pad_l}" y="11" font-size="10" class="fg">{escape(chart.title)}</text>'
         )
     for band in chart.bands:
         x0, x1 = max(px(band.x0), pad_l), min(px(band.x1), pad_l + pw)
@@ -92,7 +132,7 @@ def render_chart(chart: Chart) -> str:
     )
     for value in (y_lo, y_hi):
         out.append(
-            f'<text x="{pad_l - 3}" y="{py(value) + 3:.1f}" text-anchor="end" fill="#888">'
+            f'<text x="{pad_l - 3}" y="{py(value) + 3:.1f}" text-anchor="end" class="dim">'
             f"{escape(fmt(value))}</text>"
         )
     for s in chart.series:
@@ -122,14 +162,20 @@ def render_chart(chart: Chart) -> str:
                 )
     if chart.y_label:
         out.append(
-            f'<text x="{pad_l + pw}" y="{h - 3}" text-anchor="end" fill="#888">{escape(chart.y_label)}</text>'
+            f'<text x="{pad_l + pw}" y="{h - 3}" text-anchor="end" class="dim">'
+            f"{escape(chart.y_label)}</text>"
         )
     out.append("</svg>")
     return "".join(out)
 
 
+def chart_image(chart: Chart, css: str = "gm-chart") -> str:
+    """``chart`` as an image (see the module's docstring)."""
+    return svg_image(render_chart(chart), chart.width, chart.height, chart.alt or chart.title, css)
+
+
 def render_small_multiples(charts: Sequence[Chart], gap: int = 6) -> str:
     """Charts side by side, wrapping to the next line when the output area is narrow
     (one row per GPU reads as a row on a wide screen and a column on a phone)."""
-    body = "".join(f"<div>{render_chart(chart)}</div>" for chart in charts)
+    body = "".join(chart_image(chart) for chart in charts)
     return f'<div style="display:flex;flex-wrap:wrap;gap:{gap}px;align-items:flex-start">{body}</div>'

@@ -4,7 +4,7 @@ The sampler core publishes (``seq``, ``subscribe()``) and never draws (issue 8).
 is the other side: the view polls ``LiveFrame``, which rebuilds the frame only when ``seq``
 moved, and it subscribes to the watcher's stop to freeze the slot into a one-line note (the
 summary shows where ``stop`` was called). Only the glue imports this module; the core's
-results render through ``watch.py``, which stays free of IPython and widgets.
+results render through ``watch_status.py`` and ``watch_summary.py``, which stays free of IPython and widgets.
 """
 
 from __future__ import annotations
@@ -12,8 +12,12 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from gpumagic.device_kinds import CUDA
+from gpumagic.render.html import Note
 from gpumagic.render.live import LiveView
-from gpumagic.render.watch import LiveFrame, StoppedNote
+from gpumagic.render.watch_status import LiveFrame
+from gpumagic.render.watch_summary import StoppedNote
+from gpumagic.units import fmt_clock, fmt_seconds
 
 if TYPE_CHECKING:
     from gpumagic.monitor.watcher import Watcher, WatchEvent
@@ -46,3 +50,24 @@ def start_live_view(watcher: Watcher, delay: float = 0.0) -> LiveView:
     # After start(): a watcher that stopped already finishes the view at once.
     watcher.subscribe(on_event)
     return view
+
+
+def started_note(watcher: Watcher, previous: Watcher | None, live: bool) -> Note | None:
+    """The line a start shows beside (or, in a terminal, instead of) the live chart: that
+    the watch started, what it watches, and what became of the watch it replaced."""
+    replaced = ""
+    if previous is not None and previous is not watcher:
+        replaced = (
+            f"replaced the watch started at {fmt_clock(previous.started)} "
+            f"({previous.samples_taken} samples); its result is in _gpuwatch"
+        )
+    if live:  # the chart says it started
+        return Note(f"%gpuwatch: {replaced}", "watch-note") if replaced else None
+    gpus = [d.label for d in watcher.devices if d.kind == CUDA]
+    what = ", ".join(gpus) if gpus else f"host CPU and RAM (no GPU panel: {watcher.reason})"
+    line = (
+        f"%gpuwatch started: every {fmt_seconds(watcher.interval)}, watching {what}"
+        + (f", logging to {watcher.log_path}" if watcher.log_path else "")
+        + "; %gpuwatch status shows the values now, %gpuwatch stop the summary"
+    )
+    return Note(f"{line}; {replaced}" if replaced else line, "watch-note")

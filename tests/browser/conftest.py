@@ -4,12 +4,15 @@ Fixtures (see README.md in this folder for a worked example):
 
 - ``lab_server`` (session): a JupyterLab server from this venv on a free port with a token,
   isolated config/data/runtime/settings/workspace dirs, torn down at the end.
+- ``notebook_server`` (session): the same for Jupyter Notebook 7 (the ``notebook`` package).
 - ``browser_context`` (session): a headless chromium context with a fresh profile.
 - ``page`` (function): a new tab in that context.
 - ``console_log`` (function): that tab's console messages and page errors.
 - ``lab`` (function): a :class:`LabPage`, the helper a test talks to: write a notebook,
   open it, run all, wait, query outputs, take screenshots.  On failure it saves a
   screenshot, the server log tail and the browser console under ``artifacts/browser/``.
+- ``nb7`` (function): a :class:`LabPage` on the Notebook 7 server (the same helpers: both
+  front ends are built from JupyterLab's components and expose ``window.jupyterapp``).
 
 Everything skips (with the reason) when ``/usr/bin/chromium`` or the ``playwright``
 package is missing; ``.ci/run`` installs chromium, so on CI these tests run.
@@ -128,6 +131,14 @@ window.__labtest = {
     );
   },
   run(path) { return this.runs[path] || null; },
+  trusted(path) {
+    const p = this.panel(path);
+    if (!p || !p.content.model) { return null; }
+    const cells = p.content.model.cells;
+    const out = [];
+    for (let i = 0; i < cells.length; i++) { out.push(!!cells.get(i).trusted); }
+    return out;
+  },
 };
 """
 
@@ -158,13 +169,22 @@ def _tail(path: Path, lines: int) -> str:
 
 @dataclass
 class LabServer:
-    """A running JupyterLab server: where it is, how to authenticate, where it logs."""
+    """A running JupyterLab (or Notebook 7) server: where it is, how to authenticate, where
+    it logs."""
 
     base_url: str  # "http://127.0.0.1:PORT/"
     token: str
     root_dir: Path  # the directory it serves; notebooks go here
     log_path: Path
     process: subprocess.Popen[bytes]
+    frontend: str = "lab"  # "lab" (JupyterLab) or "notebook" (Notebook 7)
+
+    def notebook_path(self, name: str) -> str:
+        """The page that opens notebook ``name`` (relative to the root): JupyterLab in a
+        fresh workspace (no tabs restored from an earlier test), or Notebook 7's page."""
+        if self.frontend == "notebook":
+            return f"notebooks/{name}"
+        return f"lab/workspaces/t{uuid.uuid4().hex[:12]}/tree/{name}"
 
     def url(self, path: str) -> str:
         """The URL of ``path`` (relative to the server root) with the token attached."""
@@ -198,7 +218,14 @@ class LabServer:
             pass  # the server is going away anyway; teardown must not mask a test failure
 
 
-def _start_lab_server(base: Path) -> LabServer:
+# How each front end is started: its module and the switch that exposes window.jupyterapp.
+FRONTENDS = {
+    "lab": ("jupyterlab", "--LabApp.expose_app_in_browser=True"),
+    "notebook": ("notebook", "--JupyterNotebookApp.expose_app_in_browser=True"),
+}
+
+
+def _start_lab_server(base: Path, frontend: str = "lab") -> LabServer:
     dirs = {
         name: base / name
         for name in ("root", "config", "data", "runtime", "settings", "workspaces", "ipython")
@@ -230,10 +257,11 @@ def _start_lab_server(base: Path) -> LabServer:
         ),
         PYTHONUNBUFFERED="1",
     )
+    module, expose = FRONTENDS[frontend]
     cmd = [
         sys.executable,
         "-m",
-        "jupyterlab",
+        module,
         "--no-browser",
         "--allow-root",  # CI runs as root; harmless otherwise
         "--ServerApp.ip=127.0.0.1",
@@ -241,7 +269,7 @@ def _start_lab_server(base: Path) -> LabServer:
         "--ServerApp.port_retries=20",
         f"--ServerApp.root_dir={dirs['root']}",
         f"--IdentityProvider.token={token}",
-        "--LabApp.expose_app_in_browser=True",
+        expose,
         # No network here: no news feed, and the extension manager must not query PyPI.
         "--LabApp.news_url=None",
         "--LabApp.extension_manager=readonly",
@@ -260,14 +288,19 @@ def _start_lab_server(base: Path) -> LabServer:
             start_new_session=True,
         )
     server = LabServer(
-        base_url="", token=token, root_dir=dirs["root"], log_path=log_path, process=process
+        base_url="",
+        token=token,
+        root_dir=dirs["root"],
+        log_path=log_path,
+        process=process,
+        frontend=frontend,
     )
     runtime_file = dirs["runtime"] / f"jpserver-{process.pid}.json"
     deadline = time.monotonic() + SERVER_START_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise LabError(
-                f"JupyterLab exited with code {process.returncode} while starting.\n"
+                f"{module} exited with code {process.returncode} while starting.\n"
                 f"command: {' '.join(cmd)}\nlog tail ({log_path}):\n{server.log_tail()}"
             )
         if not server.base_url and runtime_file.exists():
@@ -285,7 +318,7 @@ def _start_lab_server(base: Path) -> LabServer:
         time.sleep(0.2)
     _stop_lab_server(server)
     raise LabError(
-        f"JupyterLab did not answer within {SERVER_START_TIMEOUT_S:.0f} s.\n"
+        f"{module} did not answer within {SERVER_START_TIMEOUT_S:.0f} s.\n"
         f"log tail ({log_path}):\n{server.log_tail()}"
     )
 
@@ -344,6 +377,19 @@ def lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
     """A JupyterLab server for the whole session (skips when no browser is available)."""
     _require_browser()
     server = _start_lab_server(tmp_path_factory.mktemp("jupyterlab"))
+    try:
+        yield server
+    finally:
+        _stop_lab_server(server)
+
+
+@pytest.fixture(scope="session")
+def notebook_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
+    """A Jupyter Notebook 7 server for the whole session (skips without a browser or without
+    the ``notebook`` package, which the test extra installs)."""
+    _require_browser()
+    pytest.importorskip("notebook.app", reason="the `notebook` package (Notebook 7) is not installed")
+    server = _start_lab_server(tmp_path_factory.mktemp("notebook7"), frontend="notebook")
     try:
         yield server
     finally:
@@ -477,9 +523,8 @@ class LabPage:
             name += ".ipynb"
         self.path = name
         self._panel_id = None
-        workspace = f"t{uuid.uuid4().hex[:12]}"
         self.page.goto(
-            self.server.url(f"lab/workspaces/{workspace}/tree/{name}"),
+            self.server.url(self.server.notebook_path(name)),
             wait_until="domcontentloaded",
             timeout=timeout * 1000,
         )
@@ -504,6 +549,14 @@ class LabPage:
 
     def _state(self) -> dict[str, Any]:
         return dict(self.page.evaluate("p => window.__labtest.state(p)", self.path))
+
+    def trusted(self) -> list[bool]:
+        """Each cell's trust as the front end holds it (False for every cell of a notebook
+        someone else saved: its HTML outputs are sanitised)."""
+        flags = self.page.evaluate("p => window.__labtest.trusted(p)", self.path)
+        if flags is None:
+            self.fail(f"notebook {self.path!r} is not open")
+        return [bool(f) for f in flags]
 
     def wait_kernel_idle(self, timeout: float = OPEN_TIMEOUT_S) -> None:
         """Wait until the notebook is loaded and its kernel is connected and idle."""
@@ -783,6 +836,24 @@ def lab(
         summary = helper.save_failure_artifacts(f"test {request.node.nodeid} failed")
         print(f"\n{summary}")
     lab_server.shutdown_sessions()
+
+
+@pytest.fixture
+def nb7(
+    page: Page,
+    console_log: ConsoleLog,
+    notebook_server: LabServer,
+    artifacts_dir: Path,
+    request: pytest.FixtureRequest,
+) -> Iterator[LabPage]:
+    """A :class:`LabPage` on Jupyter Notebook 7; on failure it leaves a screenshot and logs."""
+    helper = LabPage(page, notebook_server, artifacts_dir, f"nb7-{request.node.name}", console_log)
+    yield helper
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed and not helper.failure_saved:
+        summary = helper.save_failure_artifacts(f"test {request.node.nodeid} failed")
+        print(f"\n{summary}")
+    notebook_server.shutdown_sessions()
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

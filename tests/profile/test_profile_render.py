@@ -7,6 +7,7 @@ import re
 
 import pytest
 from profile_helpers import trace_path
+from svg_images import inline_svg
 
 import gpumagic
 from gpumagic.profile.cli import main
@@ -16,7 +17,7 @@ def test_mime_bundle_and_escaped_names(load):
     r = load("resnet50_v100_num_workers_0.json.gz")
     bundle = r._repr_mimebundle_()
     assert set(bundle) == {"text/plain", "text/html"}
-    page = bundle["text/html"]
+    page = inline_svg(bundle["text/html"])  # the charts' drawings in place of their images
     assert page.startswith('<div class="gpumagic gpumagic-profile">')
     # kernel names carry templates: they must appear escaped, never as raw tags
     top = r.kernels["name"].iloc[0]
@@ -48,7 +49,8 @@ def test_mime_bundle_and_escaped_names(load):
     assert "host_wait" in page  # the idle section
     text = bundle["text/plain"]
     assert "DataLoader" in text and "Findings" in text
-    assert repr(r) == text
+    assert str(r) == text
+    assert "\n" not in repr(r) and repr(r).startswith("<ProfileResult: %%gpuprofile")
 
 
 def test_rows_limits_the_tables(load):
@@ -79,13 +81,21 @@ def test_compare_resnet_pair_shows_the_dataloader_share_dropping(load):
     step = c.table.loc["step_time_us"]
     assert step["delta"] == pytest.approx(142808.5 - 154911.3, abs=0.5)
     assert c.step_time_change_percent == pytest.approx(-7.8, abs=0.1)
-    assert c.headline.startswith("DataLoader 23% -> 0.2%")
-    assert c.headline.endswith("step time -7.8%")
+    # The headline leads with the verdict on the median step time and its 95% interval (a
+    # change is never shown without it): six steps a side, one of them slow, cannot tell a
+    # step-time change from the noise; the DataLoader's drop lies well beyond it.
+    assert c.headline.startswith("no difference beyond the noise: median step time 152 ms -> 123 ms")
+    assert "-19% (95% CI " in c.headline
+    assert c.headline.endswith("DataLoader 35.5 ms -> 292 µs per step")
+    assert c.verdict == "no difference" and c.interval is not None
+    assert c.interval[0] < 0 < c.interval[1]
+    assert c.breakdown.loc["DataLoader", "verdict"] == "less"
+    assert c.breakdown.loc["DataLoader", "delta_high_us"] < 0
     status = c.findings.set_index("rule")["status"]
-    assert status["dataloader"] == "fixed"
+    assert status["dataloader"] == "fixed"  # its category fell beyond the noise
     bundle = c._repr_mimebundle_()
     assert bundle["text/html"].startswith('<div class="gpumagic gpumagic-profile-compare">')
-    assert "DataLoader 23% -&gt; 0.2%" in bundle["text/html"]
+    assert "DataLoader 35.5 ms -&gt; 292 µs per step" in bundle["text/html"]
     assert c.headline in bundle["text/plain"]
 
 
@@ -139,3 +149,21 @@ def test_lazy_public_names_and_cheap_import():
         "from gpumagic.profile.compare import compare; assert gpumagic.compare is compare"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_report_keeps_its_meaning_without_the_style_block(load):
+    """Untrusted notebooks, GitHub and nbviewer drop <style>: alignment, swatches, the
+    findings' severity edges and the slowest rank's row must be in style= attributes."""
+    r = load("two_ranks")
+    page = re.sub(r"<style>.*?</style>", "", r.to_html(), flags=re.S)
+    cells = re.findall(r"<t[hd][ >][^>]*>", page)
+    assert cells and all("text-align:" in c for c in cells)
+    assert re.search(r'<tr class="gm-hot" style="background:[^"]+">', page)  # the slowest rank
+    assert '<span style="color:#3b7dd8">■</span> Kernel' in page  # breakdown table's swatch
+    boxes = re.findall(r'<div class="gm-box gm-finding"[^>]*>', page)
+    assert len(boxes) == len(r.findings) > 0
+    assert all("border-left:3px solid #" in box for box in boxes)
+    # the operator and kernel tables are one declaration: the same rows in both forms
+    text = r.to_text(rows=5)
+    top = r.kernels["name"].iloc[0]
+    assert top[:40] in text and html.escape(top[:40]) in page

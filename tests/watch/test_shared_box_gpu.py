@@ -45,7 +45,7 @@ def test_process_table_shows_this_kernel_with_its_memory() -> None:
             assert row["gpu_memory"] >= 512 * MIB  # the tensor, plus the CUDA context
             assert row["user"] == psutil.Process().username()
             assert sys.executable in row["command"] or "python" in row["command"]
-            assert "this kernel" in repr(status)
+            assert "this kernel" in str(status)
         else:
             # Inside a container NVML lists host PIDs: the table must say so and still show
             # memory, one of the rows being ours.

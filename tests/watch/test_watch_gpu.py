@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from svg_images import inline_svg
 from watch_helpers import nvml_and_cuda, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -211,7 +212,7 @@ def test_t4_m12_busy_cell_shows_high_utilization(wshell: Any) -> None:
     assert cell["peak_utilization"] >= 50
     assert cell["utilization_of"] == "cuda:0"  # M12: the GPU this process used
     assert cell["peak_memory"] >= 256 * 1024**2  # two 256 MiB matrices
-    html = result._repr_mimebundle_()["text/html"]
+    html = inline_svg(result._repr_mimebundle_()["text/html"])
     assert html.count("<svg") == 4 * _watched_gpus(w) + 2  # T4
     wshell.user_ns.pop("a", None)
     wshell.user_ns.pop("b", None)

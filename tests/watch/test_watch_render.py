@@ -8,11 +8,12 @@ import time
 from typing import Any
 
 import pytest
+from svg_images import inline_svg
 from watch_nvml_double import MIB, gpu
 
 from gpumagic.monitor import Watcher, watch
-from gpumagic.render.watch import LiveFrame, live_html
 from gpumagic.render.watch_live import start_live_view
+from gpumagic.render.watch_status import LiveFrame, live_html
 
 
 @pytest.fixture
@@ -27,7 +28,7 @@ def test_host_only_frame_looks_finished(wshell: Any) -> None:
     time.sleep(0.25)
     wshell.run_cell("import time; time.sleep(0.2)", store_history=True)
     frame = LiveFrame(w)
-    html = frame()
+    html = inline_svg(frame())
     assert html.startswith('<div class="gpumagic gpumagic-watch">')
     assert "No GPU panel:" in html and "Showing this machine's CPU and RAM" in html
     assert html.count("<svg") == 2  # host CPU and RAM
@@ -55,7 +56,7 @@ def test_gpu_frame_has_small_multiples_per_gpu(
     w = watch(interval=0.1, shell=wshell, log=None)
     wshell.run_cell("x = '<b>not bold</b>'  # cell source with markup", store_history=True)
     time.sleep(0.25)
-    html = LiveFrame(w)()
+    html = inline_svg(LiveFrame(w)())
     assert html.count("<svg") == 2 * 4 + 2
     assert "cuda:0 (GPU 1)" in html and "cuda:1 (GPU 0)" in html
     assert "Fake &lt;A100&gt;" in html and "<A100>" not in html  # escaped
@@ -63,10 +64,10 @@ def test_gpu_frame_has_small_multiples_per_gpu(
     assert "sw_thermal_slowdown" in html
     assert "No GPU panel" not in html
     status = w.status()
-    text = repr(status)
+    text = str(status)
     assert "cuda:0 (GPU 1)" in text and "Fake <A100>" in text
     result = w.stop()
-    page = result._repr_mimebundle_()["text/html"]
+    page = inline_svg(result._repr_mimebundle_()["text/html"])
     assert "&lt;b&gt;not bold&lt;/b&gt;" in page and "<b>not bold</b>" not in page
     assert "peak util" in page and "this kernel" in page
     assert page.count("<svg") == 10
@@ -79,7 +80,7 @@ def test_summary_chart_decimates_long_runs(fake_nvml: Any) -> None:
         fake.gpus[0]["util"] = 100 if i == 1500 else 10  # one spike must survive
         w.sample_now()
     snap = w.snapshot()
-    html = live_html(snap)
+    html = inline_svg(live_html(snap))
     util_chart = re.search(r"<svg.*?</svg>", html, re.S)
     assert util_chart is not None
     points = re.search(

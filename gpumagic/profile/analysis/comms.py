@@ -314,26 +314,41 @@ def collective_waits(analyses: list[Any]) -> list[float | None]:
     """
     if len(analyses) < 2:
         return [None] * len(analyses)
-    per_rank: list[dict[str, np.ndarray]] = []
-    for a in analyses:
-        c = a.comms.calls
-        rows = a.comms.calls_in_steps(a.steps)
-        us = c.us
-        by_name: dict[str, list[float]] = {}
-        for i in rows.tolist():
-            by_name.setdefault(c.name[i], []).append(float(us[i]))
-        per_rank.append({k: np.array(v) for k, v in by_name.items()})
+    return waits_from_durations(
+        [collective_durations(a) for a in analyses], [len(a.steps) for a in analyses]
+    )
+
+
+def collective_durations(analysis: Any) -> dict[str, np.ndarray]:
+    """One rank's part of :func:`collective_waits`: the µs of each collective call that began
+    inside its steps, by collective name, in time order. Small enough to send back from a
+    worker that analysed the rank (see :mod:`gpumagic.profile.ranks`)."""
+    c = analysis.comms.calls
+    rows = analysis.comms.calls_in_steps(analysis.steps)
+    us = c.us
+    by_name: dict[str, list[float]] = {}
+    for i in rows.tolist():
+        by_name.setdefault(c.name[i], []).append(float(us[i]))
+    return {k: np.array(v) for k, v in by_name.items()}
+
+
+def waits_from_durations(
+    per_rank: list[dict[str, np.ndarray]], steps: list[int]
+) -> list[float | None]:
+    """:func:`collective_waits` from each rank's :func:`collective_durations` and step count."""
+    if len(per_rank) < 2:
+        return [None] * len(per_rank)
     common = set(per_rank[0])
     for d in per_rank[1:]:
         common &= set(d)
     matched = [n for n in sorted(common) if len({len(d[n]) for d in per_rank}) == 1]
     if not matched:
-        return [None] * len(analyses)
+        return [None] * len(per_rank)
+    # the shortest duration of each call over the ranks, once per name (not once per rank:
+    # with hundreds of ranks that would be quadratic)
+    shortest = {n: np.min(np.stack([x[n] for x in per_rank]), axis=0) for n in matched}
     out: list[float | None] = []
-    for a, d in zip(analyses, per_rank):
-        wait = 0.0
-        for n in matched:
-            shortest = np.min(np.stack([x[n] for x in per_rank]), axis=0)
-            wait += float((d[n] - shortest).sum())
-        out.append(wait / max(len(a.steps), 1))
+    for d, n_steps in zip(per_rank, steps):
+        wait = sum(float((d[n] - shortest[n]).sum()) for n in matched)
+        out.append(wait / max(n_steps, 1))
     return out

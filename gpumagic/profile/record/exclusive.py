@@ -1,4 +1,5 @@
-"""torch runs one profiler per process: who holds it, and handing it over to the cell.
+"""torch runs one profiler per process: who holds it, handing it over to the cell, and the
+profile function its Python tracer takes from the user (``--stack``).
 
 Kineto keeps one profiling session per process. A second profiler started while one runs
 replaces its session, and the first one's stop then finds none: torch warns
@@ -26,7 +27,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["Handover", "running_profiler"]
+__all__ = ["Handover", "restore_profile_function", "running_profiler"]
 
 # (module, attribute): the calls every torch profiler makes as it starts (torch 2.x)
 _ENTRY_POINTS = (
@@ -151,3 +152,21 @@ class Handover:
             return original(*args, **kwargs)
 
         return start
+
+
+def restore_profile_function(saved: Any) -> str:
+    """Set ``saved`` (what ``sys.getprofile()`` gave before a ``with_stack`` profiler
+    started) again where the profile function is now unset: torch's Python tracer replaces
+    this thread's function while it records and clears it when it stops. Returns its name,
+    or "" when nothing was set. A ``cProfile.Profile`` is no callable (it installs a C-level
+    function): it is enabled again instead."""
+    if sys.getprofile() is not None:
+        return ""  # the cell set one of its own: it stays
+    try:
+        if callable(saved):
+            sys.setprofile(saved)
+        else:
+            saved.enable()
+    except Exception:
+        return ""
+    return getattr(saved, "__qualname__", None) or type(saved).__name__

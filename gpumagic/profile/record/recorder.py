@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpumagic.profile.record.exclusive import Handover
+from gpumagic.profile.record.exclusive import Handover, restore_profile_function
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -174,7 +174,8 @@ class Recorder:
         if opts.stack:
             self._user_profile = sys.getprofile()
         self._handover = Handover(self._hand_over)
-        _start_quietly(self._prof)
+        with _KINETO_LINES:
+            _start_quietly(self._prof)
         self._started = True
         self.started = time.perf_counter()
         self._handover.install()
@@ -189,7 +190,9 @@ class Recorder:
         self.steps += 1
         if self.handed_over or self._handover is None:
             return  # the profiler is the cell's now: its steps are not ours to take
-        with self._handover.owner():  # a schedule's step starts torch's profiler: ours
+        # a schedule's step starts torch's profiler (ours: no handover), and starts and
+        # stops Kineto's trace
+        with self._handover.owner(), _KINETO_LINES:
             self._prof.step()
         if self.device_stopped_at is None and _device_stopped(self._prof):
             # Kineto stopped device collection (CUPTI buffers full, a device error): torch
@@ -208,7 +211,8 @@ class Recorder:
             try:
                 if self._started:
                     self._synchronize_other_devices()
-                    self._prof.stop()
+                    with _KINETO_LINES:
+                        self._prof.stop()
             except Exception as exc:
                 self.stop_error = f"{type(exc).__name__}: {exc}"
             finally:
@@ -227,7 +231,8 @@ class Recorder:
         try:
             if self._started and not self.handed_over:
                 self._synchronize_other_devices()
-                self._prof.stop()
+                with _KINETO_LINES:
+                    self._prof.stop()
         except Exception as exc:
             failure = exc
         finally:
@@ -299,7 +304,7 @@ class Recorder:
             _disable_profiler()
             self._owns_profiler = False
         if self._user_profile is not None:
-            self.profile_function_restored = _restore_profile_function(self._user_profile)
+            self.profile_function_restored = restore_profile_function(self._user_profile)
             self._user_profile = None
         with _lock:
             if _current is self:
@@ -445,17 +450,88 @@ def _cuda_initialized() -> bool:
         return False
 
 
+_USDT = re.compile(rb"^USDT:")
+
+
+class _WithoutKinetoLines:
+    """Around torch's profiler start, step and stop: file descriptor 2 goes to a temporary
+    file, and what was written there goes back to stderr afterwards, less Kineto's
+    ``USDT:... profiler_start`` / ``profiler_stop`` lines.
+
+    Kineto (torch 2.13) writes those lines from C++ straight to fd 2 at every start and stop,
+    whatever Python's ``sys.stderr`` is, and ipykernel forwards fd 2 to the notebook, so they
+    showed in red under every profiled cell. Its log level could hide them only until
+    something else in the process started a Kineto trace first (the level is read once per
+    process, see :func:`_start_quietly`): a test suite, or a cell that used
+    ``torch.profiler`` itself. Everything else written meanwhile, by any thread, comes back,
+    in order, once the call returns. Reentrant, so a nested use is a no-op; where fd 2 cannot
+    be duplicated (no stderr at all), it does nothing.
+    """
+
+    def __init__(self) -> None:
+        self._depth = 0
+        self._lock = threading.Lock()
+        self._saved = -1
+        self._file: Any = None
+
+    def __enter__(self) -> None:
+        with self._lock:
+            self._depth += 1
+            if self._depth > 1:
+                return
+            try:
+                sys.stderr.flush()  # what Python buffered goes out before, in order
+            except Exception:
+                pass
+            try:
+                if self._file is None:
+                    self._file = tempfile.TemporaryFile()
+                self._saved = os.dup(2)
+                os.dup2(self._file.fileno(), 2)
+            except OSError:
+                self._saved = -1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._depth -= 1
+            if self._depth or self._saved < 0:
+                return
+            saved, self._saved = self._saved, -1
+            try:
+                os.dup2(saved, 2)
+            finally:
+                os.close(saved)
+            f = self._file
+            try:
+                size = os.lseek(f.fileno(), 0, os.SEEK_CUR)
+                if size:
+                    os.lseek(f.fileno(), 0, os.SEEK_SET)
+                    text = os.read(f.fileno(), size)
+                    os.ftruncate(f.fileno(), 0)
+                    os.lseek(f.fileno(), 0, os.SEEK_SET)
+                    kept = b"".join(
+                        line for line in text.splitlines(keepends=True) if not _USDT.match(line)
+                    )
+                    if kept:
+                        os.write(2, kept)
+            except OSError:
+                pass
+
+
+_KINETO_LINES = _WithoutKinetoLines()
+
+
 def _start_quietly(prof: Any) -> None:
     """``prof.start()``, with Kineto's own log lines off for the process.
 
-    Kineto in recent torch prints "USDT: ... profiler_start/stop" lines on stderr at every
-    start and stop, which ipykernel shows in red under every profiled cell. Its levels put
-    those above errors, so only "off" (6) hides them. Kineto reads KINETO_LOG_LEVEL once,
-    when the process first prepares a trace (inside this start()), and keeps the level, so
-    the variable is set for that call only: left in os.environ it would pass to every child
-    of the kernel (and silence their Kineto warnings too). A KINETO_LOG_LEVEL the user set wins. Kineto's own warnings
-    (a CUPTI that fails to start) are silenced with the rest; the report's notes say what
-    the trace lacks instead.
+    Kineto reads KINETO_LOG_LEVEL once, when the process first prepares a trace (inside this
+    start()), and keeps the level, so the variable is set for that call only: left in
+    os.environ it would pass to every child of the kernel (and silence their Kineto warnings
+    too). A KINETO_LOG_LEVEL the user set wins. Kineto's own warnings (a CUPTI that fails to
+    start) are silenced with the rest; the report's notes say what the trace lacks instead.
+    The "USDT: ... profiler_start/stop" lines are above every level but "off" (6), and come
+    back whenever something else started Kineto first: :class:`_WithoutKinetoLines` drops
+    them at every start, step and stop, whatever the level.
     """
     global _kineto_started
     if _kineto_started or "KINETO_LOG_LEVEL" in os.environ:
@@ -468,22 +544,6 @@ def _start_quietly(prof: Any) -> None:
     finally:
         os.environ.pop("KINETO_LOG_LEVEL", None)
         _kineto_started = True
-
-
-def _restore_profile_function(saved: Any) -> str:
-    """Set ``saved`` (what ``sys.getprofile()`` gave) again where the profile function is
-    now unset; its name, or "" when nothing was set. A ``cProfile.Profile`` is no callable
-    (it installs a C-level function): it is enabled again instead."""
-    if sys.getprofile() is not None:
-        return ""  # the cell set one of its own: it stays
-    try:
-        if callable(saved):
-            sys.setprofile(saved)
-        else:
-            saved.enable()
-    except Exception:
-        return ""
-    return getattr(saved, "__qualname__", None) or type(saved).__name__
 
 
 def _device_stopped(prof: Any) -> bool:

@@ -1,0 +1,143 @@
+"""``%%memfit``: IPython glue over :mod:`gpumagic.memory.fit`.
+
+The cell is prepared by the shared runner (:func:`gpumagic.cell.prepare`: IPython syntax,
+the cell's own line numbers, a probe before each statement) but not run through
+:func:`gpumagic.cell.run_measured`: a dry run does not run the cell in the namespace, runs
+it several times (``--batch``, ``--what-if``), and its value is a fake tensor, which must
+never reach ``Out[]``. The magic's value is the prediction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+from IPython.core.magic import Magics, cell_magic, magics_class, no_var_expand
+
+from gpumagic.magics.args import MagicParser, documented, output_name, output_option
+
+PARSER = MagicParser(
+    "%%memfit",
+    description=(
+        "Dry-run the cell on fake tensors (no allocation, no GPU needed) and predict its CUDA "
+        "peak: by category and module, against a GPU with the headroom, the largest batch, "
+        "and what each fix would save."
+    ),
+)
+output_option(PARSER, "the prediction is the value of the cell either way")
+PARSER.add_argument("--gpu", metavar="NAME", help='a GPU of the table ("A100 80GB", H100, T4, "RTX 4090", ...)')
+PARSER.add_argument("--memory", metavar="SIZE", help="the GPU memory to fit in instead (24GiB, 80GB)")
+PARSER.add_argument(
+    "--batch", metavar="VAR=v1,v2,...",
+    help="set VAR to each size for a dry run, fit peak against it, report the largest that fits",
+)
+PARSER.add_argument(
+    "--what-if", metavar="FIX,...", dest="what_if",
+    help="amp, checkpoint, sgd, adafactor, set_to_none, batch, or all: each a dry run with the change",
+)
+PARSER.add_argument("--timeout", metavar="SECONDS", type=float, default=120.0, help="per dry run (default 120)")
+PARSER.add_argument("-q", "--quiet", action="store_true", help="display nothing; the result is still stored")
+
+
+class MemfitError(RuntimeError):
+    """The dry run stopped before the end of the cell; the partial report was shown."""
+
+
+@magics_class
+class MemfitMagics(Magics):
+    @no_var_expand
+    @cell_magic
+    @documented(PARSER)
+    def memfit(self, line: str, cell: str) -> Any:
+        """Predict whether the cell fits on a GPU, before running it there.
+
+        The result (``_memfit``, and NAME with -o) has ``.peak_bytes``, ``.categories``,
+        ``.modules`` (DataFrame), ``.peak_line``, ``.fits`` (True, False, or None within the
+        headroom's uncertainty), ``.max_batch``, ``.what_if`` (DataFrame), ``.notes``.
+        """
+        __tracebackhide__ = True
+        from gpumagic.cell import prepare
+        from gpumagic.memory.fit.api import predict, resolve_target
+
+        opts = PARSER.parse_line(line)
+        if opts is None:  # -h: the help was printed
+            return None
+        PARSER.check_variable("-o", output_name(opts))
+        fit_opts = _options(opts)
+        shell: Any = self.shell
+        try:
+            resolve_target(fit_opts.gpu, fit_opts.memory)
+        except ValueError as exc:
+            raise PARSER.usage_error(str(exc)) from None
+        if fit_opts.batch is not None and fit_opts.gpu is None and fit_opts.memory is None:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise PARSER.usage_error("--batch needs --gpu NAME or --memory SIZE (no GPU here)")
+        prepared = prepare(shell, cell, f"%%memfit {line}".rstrip(), instrument=True)
+        with _kept_off_screen() as shown:
+            fit = predict(prepared, shell.user_ns, replace(fit_opts, hidden=frozenset(shell.user_ns_hidden)))
+        if shown:
+            fit.notes.append(f"The dry runs displayed {shown[0]} outputs (figures, tables), not shown.")
+        shell.user_ns["_memfit"] = fit
+        if output_name(opts):
+            shell.user_ns[output_name(opts)] = fit
+        if fit.error:
+            if not opts.quiet:
+                from IPython.display import display
+
+                display(fit)
+            raise MemfitError(f"%%memfit: the dry run stopped at {fit.error}")
+        return None if opts.quiet else fit
+
+
+@contextlib.contextmanager
+def _kept_off_screen() -> Iterator[list[int]]:
+    """What the cell displays in its dry runs (``display()``, a progress widget) is captured,
+    and the matplotlib figures it makes are closed (the inline backend would show them when
+    the cell ends); the list gets how many outputs there were."""
+    from IPython.utils.capture import capture_output
+
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    before = set(pyplot.get_fignums()) if pyplot is not None else set()
+    shown: list[int] = []
+    with capture_output(stdout=False, stderr=False, display=True) as cap:
+        try:
+            yield shown
+        finally:
+            made: list[int] = []
+            pyplot = sys.modules.get("matplotlib.pyplot")
+            if pyplot is not None:
+                made = [n for n in pyplot.get_fignums() if n not in before]
+                for number in made:
+                    pyplot.close(number)
+            if cap.outputs or made:
+                shown.append(len(cap.outputs) + len(made))
+
+
+def _options(opts: Any) -> Any:
+    from gpumagic.memory.fit.api import FitOptions
+    from gpumagic.memory.fit.what_if import parse_fixes
+
+    if opts.output is not None and not opts.output.isidentifier():
+        raise PARSER.usage_error(f"-o {opts.output!r}: not a valid variable name")
+    batch = None
+    if opts.batch is not None:
+        var, _, values = opts.batch.partition("=")
+        try:
+            sizes = [int(v) for v in values.split(",") if v.strip()]
+        except ValueError:
+            sizes = []
+        if not var.isidentifier() or not sizes or min(sizes) < 1:
+            raise PARSER.usage_error(f"--batch {opts.batch!r}: give VAR=v1,v2,... with whole sizes >= 1")
+        batch = (var, sizes)
+    try:
+        fixes = parse_fixes(opts.what_if) if opts.what_if else []
+    except ValueError as exc:
+        raise PARSER.usage_error(f"--what-if: {exc}") from None
+    if opts.timeout <= 0:
+        raise PARSER.usage_error("--timeout must be > 0 seconds")
+    return FitOptions(gpu=opts.gpu, memory=opts.memory, batch=batch, what_if=fixes, timeout_s=opts.timeout)

@@ -1,0 +1,188 @@
+"""The fixes ``%%memfit --what-if`` tries, each as a change to the dry run's shadow namespace
+(or to how the cell runs), never as a rule of thumb: the saving is the difference between
+two dry runs.
+
+* ``amp``: mixed precision, the cell under ``torch.autocast`` (float16);
+* ``checkpoint``: activation checkpointing of the model's top-level blocks
+  (``torch.utils.checkpoint``, ``use_reentrant=False``);
+* ``sgd``: the optimizer replaced by SGD with momentum (one state tensor per parameter
+  instead of Adam's two);
+* ``adafactor``: the optimizer replaced by ``torch.optim.Adafactor`` (factored second
+  moments; torch >= 2.5);
+* ``set_to_none``: ``zero_grad(set_to_none=True)`` wherever the cell zeroes gradients;
+* ``batch``: half the batch (``--batch VAR``'s value, or a batch-size variable the cell
+  reads: ``batch_size``, ``BATCH_SIZE``, ``bs``, ``batch``, ``B``).
+
+Each change is made to the shadow only; what it changed is said in words for the report.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from gpumagic.memory.fit.shadow import Shadow
+
+FIXES = ("amp", "checkpoint", "sgd", "adafactor", "set_to_none", "batch")
+BATCH_NAMES = ("batch_size", "BATCH_SIZE", "bs", "batch", "BATCH", "B")
+
+
+@dataclass
+class Fix:
+    """A what-if: how to run the cell differently. ``transform`` changes the shadow and says
+    what it changed ([] when there was nothing to change); ``autocast`` and ``overrides`` go
+    to :func:`~.dry_run.dry_run`; ``unavailable``: why it cannot be tried."""
+
+    name: str
+    transform: Callable[[Shadow], list[str]] | None = None
+    autocast: torch.dtype | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+    changed: str = ""
+    unavailable: str = ""
+
+
+def parse_fixes(text: str) -> list[str]:
+    names = [n.strip().lower().replace("-", "_") for n in text.split(",") if n.strip()]
+    if "all" in names:
+        return list(FIXES)
+    unknown = [n for n in names if n not in FIXES]
+    if unknown:
+        raise ValueError(f"unknown fix {', '.join(unknown)}: choose from {', '.join(FIXES)} or all")
+    return list(dict.fromkeys(names))
+
+
+def make_fix(name: str, batch: tuple[str, int] | None, names_read: set[str], namespace: Mapping[str, Any]) -> Fix:
+    """The fix ``name``; ``batch``: the batch variable and its value in the run compared
+    against; ``names_read``: the names the cell reads (a batch-size variable is found there)."""
+    if name == "amp":
+        return Fix(name, autocast=torch.float16, changed="the cell under torch.autocast(dtype=float16)")
+    if name == "checkpoint":
+        return Fix(name, transform=checkpoint_blocks)
+    if name in ("sgd", "adafactor"):
+        if name == "adafactor" and not hasattr(torch.optim, "Adafactor"):
+            return Fix(name, unavailable="torch.optim.Adafactor needs torch >= 2.5")
+        return Fix(name, transform=functools.partial(swap_optimizers, kind=name))
+    if name == "set_to_none":
+        if "zero_grad" not in names_read:
+            return Fix(name, unavailable="the cell calls no zero_grad()")
+        return Fix(name, transform=zero_grad_to_none)
+    if name == "batch":
+        if batch is None:
+            found = [n for n in BATCH_NAMES if n in names_read and _is_count(namespace.get(n))]
+            if not found:
+                return Fix(name, unavailable="give --batch VAR=... (no batch-size variable found in the cell)")
+            batch = (found[0], int(namespace[found[0]]))
+        var, value = batch
+        half = max(1, value // 2)
+        return Fix(name, overrides={var: half}, changed=f"{var} = {half} (was {value})")
+    raise ValueError(f"unknown fix {name!r}")
+
+
+def _is_count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x > 1
+
+
+# -- the shadow's models and optimizers --------------------------------------------------------
+
+
+def _top_models(shadow: Shadow) -> list[tuple[str, nn.Module]]:
+    """The namespace's models, largest first, none that is part of another."""
+    models = [(n, m) for n, m in shadow.namespace.items() if isinstance(m, nn.Module) and not n.startswith("_")]
+    inner = {id(sub) for _, m in models for sub in list(m.modules())[1:]}
+    models = [(n, m) for n, m in models if id(m) not in inner]
+    return sorted(models, key=lambda nm: -sum(p.numel() for p in nm[1].parameters()))
+
+
+def _blocks(model: nn.Module, prefix: str) -> list[tuple[str, nn.Module]]:
+    """The model's top-level blocks: its children, a container child (``layers``,
+    ``layer1``) opened one level, keeping those with parameters."""
+    found: list[tuple[str, nn.Module]] = []
+    for name, child in model.named_children():
+        opened = isinstance(child, (nn.Sequential, nn.ModuleList)) and sum(
+            1 for c in child.children() if any(True for _ in c.parameters())
+        ) >= 2
+        items = [(f"{name}.{n}", c) for n, c in child.named_children()] if opened else [(name, child)]
+        found += [(f"{prefix}.{n}", c) for n, c in items if any(True for _ in c.parameters())]
+    return found
+
+
+def checkpoint_blocks(shadow: Shadow) -> list[str]:
+    from torch.utils.checkpoint import checkpoint, checkpoint_sequential
+
+    changed: list[str] = []
+    for name, model in _top_models(shadow)[:1]:
+        leaves = all(next(iter(c.children()), None) is None for c in model.children())
+        if isinstance(model, nn.Sequential) and leaves:
+            # A Sequential of single layers: checkpointing each layer keeps each input anyway;
+            # segments of it are what torch.utils.checkpoint_sequential is for.
+            segments = max(2, round(math.sqrt(len(model))))
+            plain = model.forward
+
+            def sequential(x: Any, _m: nn.Module = model, _s: int = segments) -> Any:
+                return checkpoint_sequential(_m, _s, x, use_reentrant=False)
+
+            model.forward = sequential  # type: ignore[method-assign]
+            del plain
+            changed.append(f"{name} run as {segments} checkpointed segments (checkpoint_sequential)")
+            continue
+        blocks = _blocks(model, name)
+        for _, block in blocks:
+            inner = block.forward
+
+            def wrapped(*args: Any, _f: Callable[..., Any] = inner, **kwargs: Any) -> Any:
+                return checkpoint(_f, *args, use_reentrant=False, **kwargs)
+
+            block.forward = wrapped
+        if blocks:
+            shown = ", ".join(n for n, _ in blocks[:6]) + (f" and {len(blocks) - 6} more" if len(blocks) > 6 else "")
+            changed.append(f"checkpointed {shown} (torch.utils.checkpoint, use_reentrant=False)")
+    return changed
+
+
+def _optimizers(shadow: Shadow) -> list[tuple[str, torch.optim.Optimizer]]:
+    return [(n, o) for n, o in shadow.namespace.items() if isinstance(o, torch.optim.Optimizer)]
+
+
+def swap_optimizers(shadow: Shadow, kind: str) -> list[str]:
+    changed: list[str] = []
+    swapped: dict[int, torch.optim.Optimizer] = {}
+    for name, opt in _optimizers(shadow):
+        groups = [{"params": g["params"], "lr": g.get("lr", 1e-3)} for g in opt.param_groups]
+        new: torch.optim.Optimizer
+        if kind == "sgd":
+            new = torch.optim.SGD(groups, lr=groups[0]["lr"], momentum=0.9)
+            what = "SGD(momentum=0.9)"
+        else:
+            new = torch.optim.Adafactor(groups, lr=groups[0]["lr"])
+            what = "Adafactor"
+        swapped[id(opt)] = new
+        shadow.namespace[name] = new
+        changed.append(f"{name}: {type(opt).__name__} replaced by {what}, state dropped")
+    if swapped:  # objects that hold the optimizer (a trainer, a scheduler) get the new one
+        for value in list(shadow.namespace.values()):
+            attrs = getattr(value, "__dict__", None)
+            if isinstance(attrs, dict) and not isinstance(value, (nn.Module, torch.optim.Optimizer)):
+                for key, held in list(attrs.items()):
+                    if id(held) in swapped:
+                        attrs[key] = swapped[id(held)]
+    return changed
+
+
+def zero_grad_to_none(shadow: Shadow) -> list[str]:
+    changed: list[str] = []
+    for name, obj in shadow.namespace.items():
+        if isinstance(obj, (torch.optim.Optimizer, nn.Module)):
+            plain = obj.zero_grad
+
+            def to_none(*args: Any, _f: Callable[..., Any] = plain, **kwargs: Any) -> Any:
+                return _f(set_to_none=True)  # zero_grad's one argument, however it was given
+
+            obj.zero_grad = to_none  # type: ignore[method-assign]
+            changed.append(f"{name}.zero_grad(set_to_none=True)")
+    return changed

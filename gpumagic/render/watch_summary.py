@@ -1,0 +1,155 @@
+"""``%gpuwatch stop``: the summary of a whole watch (the charts from the first sample to
+the last, a row per cell that ran with its peaks, energy and cost, the alerts seen, the
+bill, who was on the GPUs at the stop) and the one line the live slot keeps."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from gpumagic.device_kinds import CUDA
+from gpumagic.monitor.alerts import cell_note
+from gpumagic.monitor.result import utilization_of
+from gpumagic.render import watch_panel as panel
+from gpumagic.render.html import NOTE_STYLE, Rendered, escape, wrap
+from gpumagic.render.sections import Figure, Paragraph, Report, Section
+from gpumagic.render.table import Column, Table
+from gpumagic.render.watch_chart import chart_block, chart_lines
+from gpumagic.render.watch_panel import cell_name
+from gpumagic.units import fmt_bytes, fmt_clock, fmt_percent, fmt_seconds, fmt_us, fmt_usd, fmt_wh
+
+if TYPE_CHECKING:
+    from gpumagic.monitor.cells import CellRecord
+    from gpumagic.monitor.result import WatchResult
+
+LOW_USE_ADVICE = (
+    "GPU busy under 30% on average while holding memory: likely waiting on data or the "
+    "host; profile one with %%gpuprofile"
+)
+
+
+def _cell_flag(cell: CellRecord) -> str:
+    """A word for the table; the advice behind it is spelled out once below the table."""
+    flags = []
+    if cell.success is False:
+        flags.append("failed")
+    if cell_note(cell):
+        flags.append("low GPU use")
+    return ", ".join(flags)
+
+
+def _sampled(header: str, value: Callable[[CellRecord], str], first: bool = False) -> Column:
+    """A column of a cell's peaks: "no sample" in the first such column of a cell that
+    ended before the sampler saw it, blank in the others."""
+    blank = "no sample" if first else ""
+    return Column(header, lambda c: value(c) if c.samples else blank)
+
+
+def _cells_table(result: WatchResult) -> Table:
+    snap = result.snapshot
+    several = sum(d.kind == CUDA for d in snap.devices) > 1
+
+    def peak_util(c: CellRecord) -> str:
+        # on a box of several GPUs, say whose utilisation it is (this process's GPUs)
+        own = utilization_of(c, snap.devices) if c.utilization_rows and several else ""
+        return fmt_percent(c.peak_utilization) + (f" ({own})" if own else "")
+
+    columns = [
+        Column("cell", cell_name, align="left"),
+        Column("source", "source", align="code"),
+        Column("start", lambda c: fmt_clock(c.start)),
+        Column("duration", lambda c: fmt_seconds(c.duration(snap.now))),
+    ]
+    if result.has_gpus:
+        columns += [
+            _sampled("peak util", peak_util, first=True),
+            _sampled("mean util", lambda c: fmt_percent(c.mean_utilization)),
+            _sampled("peak memory", lambda c: fmt_bytes(c.peak_memory)),
+            _sampled("this kernel", lambda c: fmt_bytes(c.peak_process_memory)),
+            Column("energy", lambda c: fmt_wh(c.energy_mj / 3.6e6)),
+        ]
+    else:
+        columns += [
+            _sampled("peak CPU", lambda c: fmt_percent(c.peak_host_cpu), first=True),
+            _sampled("peak RAM", lambda c: fmt_bytes(c.peak_host_memory)),
+        ]
+    cost = snap.cost
+    if cost is not None and cost.price is not None:
+        price = cost.price
+        columns.append(Column("cost", lambda c: fmt_usd(price * c.duration(snap.now) / 3600.0)))
+    columns.append(Column("", _cell_flag, align="left"))
+
+    def highlight(c: CellRecord) -> str:
+        return "error" if c.success is False else ("hot" if cell_note(c) else "")
+
+    return Table(columns, snap.cells, highlight=highlight)
+
+
+def _cell_advice(result: WatchResult) -> list[Section]:
+    low = [c for c in result.snapshot.cells if cell_note(c)]
+    if not low:
+        return []
+    names = ", ".join(cell_name(c) for c in low)
+    return [Paragraph(f"{names}: {cell_note(low[0]) if len(low) == 1 else LOW_USE_ADVICE}", "info")]
+
+
+def _seen_alerts(result: WatchResult) -> list[str]:
+    out = []
+    for alert, last, count in result.alerts:
+        span = f"{fmt_clock(alert.since)}–{fmt_clock(last)}" if count > 1 else fmt_clock(alert.since)
+        out.append(f"{alert.message} ({span}, {count} sample{'s' if count != 1 else ''})")
+    return out
+
+
+def _summary_line(result: WatchResult) -> str:
+    snap = result.snapshot
+    span = float(snap.times[-1] - snap.times[0]) if len(snap.times) > 1 else 0.0
+    gpus = sum(1 for d in snap.devices if d.kind == CUDA)
+    what = f"{gpus} GPU{'s' if gpus != 1 else ''}" if gpus else "host only"
+    cpu = result.sample_cpu_mean_s
+    cost = f" · {fmt_us(cpu * 1e6)} CPU per sample" if not math.isnan(cpu) else ""
+    return f"{what} · {fmt_seconds(span)} shown · {panel.subtitle(snap, live=False)}{cost}"
+
+
+def result_report(result: WatchResult) -> Report:
+    """The summary of a stopped watch."""
+    snap = result.snapshot
+    sections: list[Section] = [
+        *panel.reason(snap),
+        *panel.alerts(_seen_alerts(result)),
+        Figure(lambda: chart_block(snap, live=False), lambda: chart_lines(snap, live=False)),
+    ]
+    if snap.cells:
+        sections += [_cells_table(result), *_cell_advice(result)]
+    else:
+        sections.append(Paragraph("no cell ran while watching"))
+    sections += [
+        *panel.cost(snap.cost, so_far=False),
+        *panel.processes(snap.processes, at_stop=True),
+    ]
+    if result.log:
+        sections.append(Paragraph(f"CSV log: {result.log}"))
+    sections += panel.notes(snap.notes)
+    return Report("watch-result", "gpuwatch summary", _summary_line(result), sections)
+
+
+class StoppedNote(Rendered):
+    """What the live slot shows once the watcher stops: one line, the summary being in the
+    cell that stopped it (a second copy of the charts here would only repeat them)."""
+
+    def __init__(self, result: WatchResult, started: float, stopped: float) -> None:
+        self.started, self.stopped = started, stopped
+        self.log = result.log
+
+    def _line(self) -> str:
+        span = fmt_seconds(max(self.stopped - self.started, 0.0))
+        line = f"gpuwatch stopped at {fmt_clock(self.stopped)} after {span}; the summary is where it was stopped"
+        return line + (f"; CSV log: {self.log}" if self.log else "")
+
+    def _text(self) -> str:
+        return self._line()
+
+    def _html(self) -> str:
+        note = f'<div class="gm-note" style="{NOTE_STYLE}">{escape(self._line())}</div>'
+        return wrap("watch-stopped", note)
