@@ -465,3 +465,90 @@ def test_gpuwatch_stop_with_a_keyword_name_keeps_watching(ip, run):
         assert r.result.success and ip.user_ns["watched"] is r.result.result
     finally:
         ip.run_cell("%gpuwatch stop", store_history=False)
+
+
+# -- Ctrl-C inside the probe's own bytecode -------------------------------------------------------
+
+
+class _Range:
+    """A stand-in for a profiler range that counts its entries and exits, and can raise
+    KeyboardInterrupt as a signal would land: right after the C call returns."""
+
+    interrupt_after: str | None = None
+
+    def __init__(self, name: str) -> None:
+        self.name, self.depth, self.unbalanced = name, 0, False
+
+    def __enter__(self) -> None:
+        self.depth += 1
+        if _Range.interrupt_after == f"enter {self.name}":
+            _Range.interrupt_after = None
+            raise KeyboardInterrupt
+
+    def __exit__(self, *exc: object) -> None:
+        if self.depth == 0:
+            self.unbalanced = True  # an exit with nothing entered: torch asserts
+            raise RuntimeError("no guard is set")
+        self.depth -= 1
+        if _Range.interrupt_after == f"exit {self.name}":
+            _Range.interrupt_after = None
+            raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("at", ["enter 1", "exit 0"])
+def test_ctrl_c_inside_a_statement_boundary_leaves_no_range_entered(at):
+    """A range left entered crashes the process when collected under a later profiler
+    (torch 2.13, _RecordFunctionFast); Ctrl-C during `while True: pass` under %%gpuprofile
+    lands inside the probe's enter() most of the time."""
+    from gpumagic.instrument import Statement
+    from gpumagic.profile.record.probe import CodeProbe
+
+    statements = [Statement(i, i + 2, i + 2, f"x{i} = {i}", "Assign", 0) for i in range(3)]
+    ranges: list[_Range] = []
+
+    def factory(name: str) -> _Range:
+        ranges.append(_Range(str(len(ranges))))
+        return ranges[-1]
+
+    probe = CodeProbe(statements, {}, modules=False, factory=factory)
+    probe.enter(0)
+    _Range.interrupt_after = at
+    with pytest.raises(KeyboardInterrupt):
+        probe.enter(1)
+    probe.stop()
+    assert [r.depth for r in ranges] == [0, 0, 0]  # every range entered was exited
+    assert not any(r.unbalanced for r in ranges)  # and none exited twice
+
+
+_PROBE_SIGINTS = textwrap.dedent(
+    """
+    import gc, os, signal, threading
+    from IPython.testing import globalipapp
+    globalipapp.start_ipython()
+    ip = globalipapp.get_ipython()
+    ip.run_cell("%load_ext gpumagic")
+    ip.run_cell("import torch")
+    cell = (
+        "%%gpuprofile -q\\nimport os, signal, threading\\n"
+        "threading.Timer({delay}, os.kill, (os.getpid(), signal.SIGINT)).start()\\n"
+        "while True: pass\\n"
+    )
+    for k in range(12):
+        r = ip.run_cell(cell.format(delay=0.05 + 0.011 * k))
+        assert isinstance(r.error_in_exec, KeyboardInterrupt), r.error_in_exec
+        ip.user_ns.pop("_gpuprofile", None)
+        gc.collect()  # a range left entered would be destroyed here, under the next profile
+        assert ip.run_cell("%%gpuprofile -q\\nx = torch.ones(8) * 2\\n").success
+        gc.collect()
+    print("survived")
+    """
+)
+
+
+def test_ctrl_c_in_a_tight_loop_under_gpuprofile_does_not_crash_later(tmp_path):
+    """In a child process: the crash, when it comes, is a segfault in a later collection."""
+    script = tmp_path / "probe_sigints.py"
+    script.write_text(_PROBE_SIGINTS)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, (out.returncode, out.stderr[-3000:])
+    assert out.stdout.strip().endswith("survived")

@@ -150,11 +150,22 @@ class CodeProbe:
 
     @hidden_hook
     def enter(self, index: int) -> None:
-        if self._open is not None:
-            _close(self._open)
+        # Ctrl-C lands between bytecodes, here after a C call returns (CPython checks for
+        # signals there, and on entering a Python function): each range is forgotten before
+        # its exit and remembered before its entry, with no Python call between, so that an
+        # interrupt anywhere leaves no range entered that stop() would not exit. A range
+        # left entered crashes the process when it is collected under a later profiler
+        # (torch 2.13's _RecordFunctionFast: a segfault in the garbage collector).
+        prev = self._open
+        if prev is not None:
+            self._open = None
+            try:
+                prev.__exit__(None, None, None)
+            except RuntimeError:
+                pass  # entered while the profiler was not recording: nothing to close
         rng = self._ranges[index]
-        rng.__enter__()
         self._open = rng
+        rng.__enter__()
 
     def stop(self) -> None:
         """Close the statement still open (the failing one, after an error) and remove the hooks."""
@@ -302,8 +313,8 @@ class _ModuleRanges:
         if seen is None or seen.ref() is not module:
             seen = self._first_sight(module, stack)
         rng = self.factory(seen.range_name)
+        stack.append((module, rng))  # before its entry: see CodeProbe.enter
         rng.__enter__()
-        stack.append((module, rng))
         return None
 
     @hidden_hook
