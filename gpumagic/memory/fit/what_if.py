@@ -28,9 +28,9 @@ import torch
 from torch import nn
 
 from gpumagic.memory.fit.shadow import Shadow
+from gpumagic.memory.fit.suggest import batch_variable
 
 FIXES = ("amp", "checkpoint", "sgd", "adafactor", "set_to_none", "batch")
-BATCH_NAMES = ("batch_size", "BATCH_SIZE", "bs", "batch", "BATCH", "B")
 
 
 @dataclass
@@ -74,18 +74,13 @@ def make_fix(name: str, batch: tuple[str, int] | None, names_read: set[str], nam
         return Fix(name, transform=zero_grad_to_none)
     if name == "batch":
         if batch is None:
-            found = [n for n in BATCH_NAMES if n in names_read and _is_count(namespace.get(n))]
-            if not found:
+            batch = batch_variable(names_read, namespace)
+            if batch is None:
                 return Fix(name, unavailable="give --batch VAR=... (no batch-size variable found in the cell)")
-            batch = (found[0], int(namespace[found[0]]))
         var, value = batch
         half = max(1, value // 2)
         return Fix(name, overrides={var: half}, changed=f"{var} = {half} (was {value})")
     raise ValueError(f"unknown fix {name!r}")
-
-
-def _is_count(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x > 1
 
 
 # -- the shadow's models and optimizers --------------------------------------------------------
