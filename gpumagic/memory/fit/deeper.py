@@ -40,7 +40,7 @@ def deeper(namespace: Mapping[str, Any]) -> Deeper:
     seen: set[int] = set()
     stack: list[tuple[str, Any, int]] = []
     for name, value in user_items(namespace):
-        if isinstance(value, (module_t, optim_t)):
+        if issubclass(type(value), (module_t, optim_t)):
             seen.add(id(value))  # the census counts these itself
             continue
         seen.update(id(t) for t in named_values(value))
@@ -48,32 +48,37 @@ def deeper(namespace: Mapping[str, Any]) -> Deeper:
     stack.reverse()
     while stack:
         name, x, depth = stack.pop()
-        if id(x) in seen or isinstance(x, (str, bytes, int, float, bool, type(None))):
+        kind = type(x)  # type(), never isinstance: a lazy proxy's __class__ may raise
+        if id(x) in seen or kind in (str, bytes, int, float, bool, type(None)):
             continue
         seen.add(id(x))
-        if isinstance(x, (module_t, optim_t)):
+        if issubclass(kind, (module_t, optim_t)):
             found.models.append((name, x))
-        elif isinstance(x, tensor_t):
+        elif issubclass(kind, tensor_t):
             found.tensors.append(x)
         elif depth < _DEPTH:
-            children = _children(name, x)
+            children = _children(name, x, kind)
             stack.extend((n, v, depth + 1) for n, v in reversed(children))
     return found
 
 
-def _children(name: str, x: Any) -> list[tuple[str, Any]]:
-    if isinstance(x, Mapping):
-        return [(f"{name}[{k!r}]", v) for k, v in list(x.items())[:_ITEMS]]
-    if isinstance(x, (list, tuple)):
-        return [(f"{name}[{i}]", v) for i, v in enumerate(x[:_ITEMS])]
-    if _plain_object(x):
-        return [(f"{name}.{k}", v) for k, v in list(vars(x).items())[:_ATTRIBUTES]]
+def _children(name: str, x: Any, kind: type) -> list[tuple[str, Any]]:
+    """What ``x`` holds, named; nothing when reading it fails (the user's object decides)."""
+    try:
+        if issubclass(kind, Mapping):
+            return [(f"{name}[{k!r}]", v) for k, v in list(x.items())[:_ITEMS]]
+        if kind in (list, tuple):
+            return [(f"{name}[{i}]", v) for i, v in enumerate(x[:_ITEMS])]
+        if _plain_object(x, kind):
+            return [(f"{name}.{k}", v) for k, v in list(vars(x).items())[:_ATTRIBUTES]]
+    except Exception:
+        pass
     return []
 
 
-def _plain_object(x: Any) -> bool:
+def _plain_object(x: Any, kind: type) -> bool:
     """An instance of a class with a ``__dict__`` that is not a module, function or class:
     a trainer, a config, a scheduler (which holds its optimizer)."""
-    if isinstance(x, (types.ModuleType, types.FunctionType, types.MethodType, type)):
+    if issubclass(kind, (types.ModuleType, types.FunctionType, types.MethodType, type)):
         return False
     return hasattr(x, "__dict__")
