@@ -8,7 +8,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-BENCHMARKS = ["bench_memtrace", "bench_memfit", "bench_profile", "bench_watch", "bench_lines", "bench_ranks"]
+BENCHMARKS = [
+    "bench_memtrace",
+    "bench_memfit",
+    "bench_profile",
+    "bench_watch",
+    "bench_lines",
+    "bench_ranks",
+    "bench_noise",
+]
 
 
 def main() -> int:

@@ -20,6 +20,7 @@ _LAZY = {
     "memfit": ("gpumagic.memory.fit.api", "memfit"),
     "load_trace": ("gpumagic.profile.load", "load_trace"),
     "compare": ("gpumagic.profile.compare", "compare"),
+    "difference": ("gpumagic.profile.analysis.noise", "difference"),
     "step": ("gpumagic.profile.record.recorder", "step"),
     "watch": ("gpumagic.monitor", "watch"),
     "env": ("gpumagic.environment", "env"),

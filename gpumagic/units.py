@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 
 _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -74,8 +75,9 @@ def fmt_gbps(gbps: float | None) -> str:
 
 
 def fmt_mean_count(n: float) -> str:
-    """A count averaged over steps: whole when large or whole, else one decimal (``2.5``)."""
-    return f"{n:.0f}" if n >= 10 or float(n).is_integer() else f"{n:.1f}"
+    """A count averaged over steps: whole when whole or in the hundreds, else one decimal
+    (``2.5``, ``17.5``: a finding's text quotes the number its evidence holds)."""
+    return f"{n:.0f}" if n >= 100 or float(n).is_integer() else f"{n:.1f}"
 
 
 def fmt_count(n: float | int | None) -> str:
@@ -103,6 +105,17 @@ def fmt_pp(delta: float | None) -> str:
     if delta is None or math.isnan(delta):
         return "–"
     return f"{delta:+.1f} pp"
+
+
+def fmt_interval(
+    interval: tuple[float, float] | None,
+    fmt: Callable[[float], str] = lambda v: fmt_percent(v, signed=True),
+    confidence: float = 0.95,
+) -> str:
+    """A confidence interval: ``95% CI -9.1% to -6.4%`` ("no interval" for None)."""
+    if interval is None:
+        return "no interval"
+    return f"{100 * confidence:.0f}% CI {fmt(interval[0])} to {fmt(interval[1])}"
 
 
 def fmt_named(key: str, value: object) -> str:

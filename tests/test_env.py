@@ -166,13 +166,16 @@ def test_gpuenv_returns_the_report_shown_once_as_out(show, ip):
         assert ip.user_ns["_gpuenv"] is not before  # it ran, and kept the new report
 
 
-def test_freeze_says_where_it_wrote_then_returns_the_report(show, ip, tmp_path):
+def test_freeze_says_where_it_wrote_and_keeps_the_report_without_showing_it(show, ip, tmp_path):
     target = tmp_path / "req.txt"
+    before = ip.user_ns.get("_gpuenv")
     r = show(f"%gpuenv --freeze {target}")
     assert r.result.error_in_exec is None, r.result.error_in_exec
     assert target.exists()
-    assert [str(target) in b["text/plain"] for b in r.bundles] == [True, False]  # note, then report
-    assert r.value is ip.user_ns["_gpuenv"] and r.reports("env") == r.out and len(r.out) == 1
+    # the note on the file, and nothing else: the whole report is not rendered again
+    assert [str(target) in b["text/plain"] for b in r.bundles] == [True]
+    assert r.out == [] and r.value is None and r.reports("env") == []
+    assert ip.user_ns["_gpuenv"] is not before  # the report it pinned is kept
 
     target.unlink()
     r = show(f"%gpuenv --freeze {target} ;")
@@ -184,7 +187,7 @@ def test_freeze_says_where_it_wrote_then_returns_the_report(show, ip, tmp_path):
 
     r = show(f"e = %gpuenv --freeze {target}")
     assert len(r.displayed) == 1 and r.out == []
-    assert ip.user_ns["e"] is ip.user_ns["_gpuenv"]
+    assert ip.user_ns["e"] is None  # the report is _gpuenv; %gpuenv alone returns it
 
 
 def test_gpuenv_shows_once_in_a_kernel():

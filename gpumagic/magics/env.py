@@ -37,7 +37,7 @@ class EnvMagics(Magics):
         shows nothing) and stored as ``_gpuenv``; ``gpumagic.env()`` returns the same report
         from a script. --freeze writes every installed distribution pinned (the name picks
         the format; ``Dockerfile`` writes an image definition and its requirements beside it)
-        and says where, above the report.
+        and says what it wrote, and where; the report is kept in ``_gpuenv``, not shown again.
         """
         from gpumagic.environment import FreezeError, env
         from gpumagic.environment.freeze import freeze, freeze_format
@@ -60,10 +60,11 @@ class EnvMagics(Magics):
         shell: Any = self.shell
         shell.user_ns["_gpuenv"] = report
         if written is not None:
-            # The note on the file is displayed and the report returned, as for a bare
-            # %gpuenv: `e = %gpuenv --freeze f` keeps the same EnvReport, and a trailing ";"
-            # hides the long report but still says that, and where, a file was written.
+            # What was written, and where, is the answer to --freeze: the note is shown (also
+            # after a trailing ";": a file was written) and the report it pinned is kept in
+            # _gpuenv, not shown a second time under a note that asked only for a file.
             from IPython.display import display
 
             display(written)
+            return None
         return report

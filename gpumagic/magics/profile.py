@@ -79,6 +79,14 @@ PARSER.add_argument(
     help="keep the first gpumagic.step() step (first-call setup) in the step statistics",
 )
 PARSER.add_argument(
+    "--repeat",
+    type=int,
+    default=1,
+    metavar="N",
+    help="run the cell N times: the steps of every run are samples of the step time, so "
+    "--compare counts run-to-run noise too (the tables describe the last run)",
+)
+PARSER.add_argument(
     "--no-attribution",
     action="store_true",
     help="no time per line and per nn.Module (no statement ranges, no module hooks)",
@@ -140,18 +148,21 @@ class ProfileMagics(Magics):
         bare call shows it as ``Out[]``, and a trailing ``;`` (or ``--quiet``, which returns
         None unless -o) shows nothing. It is also stored in ``_gpuprofile_compare`` /
         ``_gpuprofile``, and in NAME with -o NAME. ``%%gpuprofile -o`` returns the result in
-        place of the cell's value, as ``%timeit -o`` does.
+        place of the cell's value, as ``%timeit -o`` does. ``--compare`` gives each change
+        with its 95% interval, and a verdict: faster, slower, or no difference beyond the noise.
 
         Inside the cell, ``gpumagic.step()`` marks the end of a training step (a no-op
         outside a profile); without marks each DataLoader batch starts a step, else the
         whole cell is one step. Without a schedule the first marked step (first-call setup:
         cuBLAS/cuDNN handles, lazy CUDA module loading, autotuning) is left out of the step
-        statistics when others follow; ``--keep-first`` keeps it. The result (``_gpuprofile``,
-        and NAME with -o NAME) has ``.summary``, ``.breakdown``, ``.steps``, ``.ops``,
-        ``.kernels``, ``.idle``, ``.findings``, ``.notes`` and ``.export(path)``; ``.lines``
-        (time per statement of the cell) and ``.modules`` (per ``nn.Module`` instance, forward
-        and backward), and each finding's ``line``/``source``/``module`` say where in the code
-        the time went. ``--no-attribution`` leaves the cell uninstrumented.
+        statistics when others follow; ``--keep-first`` keeps it. ``--repeat N`` runs the cell
+        N times: each run's steps are samples of the step time, so a comparison's interval
+        counts the noise from run to run, not only from step to step. The result
+        (``_gpuprofile``, and NAME with -o NAME) has ``.summary``, ``.breakdown``, ``.steps``,
+        ``.ops``, ``.kernels``, ``.idle``, ``.findings``, ``.notes`` and ``.export(path)``;
+        ``.lines`` (time per statement of the cell) and ``.modules`` (per ``nn.Module``
+        instance, forward and backward), and each finding's ``line``/``source``/``module`` say
+        where in the code the time went. ``--no-attribution`` leaves the cell uninstrumented.
         """
         __tracebackhide__ = True
         opts = PARSER.parse_line(without_silencer(line) if cell is None else line)
@@ -161,6 +172,8 @@ class ProfileMagics(Magics):
         PARSER.check_variable("-n", opts.name)
         if opts.rows < 1:
             raise PARSER.usage_error("--rows must be at least 1")
+        if opts.repeat < 1:
+            raise PARSER.usage_error("--repeat must be at least 1")
         if cell is None:
             return self._line(opts)
         if opts.compare or opts.load:
@@ -208,51 +221,87 @@ class ProfileMagics(Magics):
     # -- %%gpuprofile ---------------------------------------------------------------------------
     def _profile(self, opts: Any, cell: str, line: str) -> Any:
         __tracebackhide__ = True
-        from gpumagic.cell import prepare, run_measured
+        from gpumagic.cell import prepare
+
+        shell: Any = self.shell
+        prepared = prepare(
+            shell, cell, f"%%gpuprofile {line}".rstrip(), instrument=not opts.no_attribution
+        )
+        # the temporary trace file's name says nothing: a cell is known by its In[n]
+        number = running_cell_number(shell)
+        name = opts.name or (f"cell In[{number}]" if number is not None else "cell")
+        earlier: list[Any] = []  # the analysed results of the runs before the last
+        value = None
+        for i in range(opts.repeat):
+            value = self._run_once(prepared, opts, name, earlier, last=i == opts.repeat - 1)
+        return value
+
+    def _run_once(self, prepared: Any, opts: Any, name: str, earlier: list[Any], last: bool) -> Any:
+        """One profiled run of the cell (of ``--repeat N``); the cell's value."""
+        __tracebackhide__ = True
+        from gpumagic.cell import run_measured
         from gpumagic.profile.record.recorder import RecordError, RecordOptions
         from gpumagic.profile.record.run import ProfileRun
         from gpumagic.render.live import LiveResult, LiveView
         from gpumagic.render.profile_live import profile_live_html
 
-        shell: Any = self.shell
-        attribute = not opts.no_attribution
-        prepared = prepare(shell, cell, f"%%gpuprofile {line}".rstrip(), instrument=attribute)
-        # the temporary trace file's name says nothing: a cell is known by its In[n]
-        number = running_cell_number(shell)
         options = RecordOptions(
             opts.memory, opts.shapes, opts.stack, opts.flops, opts.wait, opts.warmup, opts.active
         )
         try:
             run = ProfileRun(
                 prepared.statements,
-                shell.user_ns,
+                self.shell.user_ns,  # type: ignore[union-attr]
                 options,
-                attribute=attribute,
-                name=opts.name or (f"cell In[{number}]" if number is not None else "cell"),
-                trace_path=opts.trace,
+                attribute=not opts.no_attribution,
+                name=name,
+                trace_path=opts.trace if last else None,
                 keep_first=opts.keep_first,
             )
         except ImportError as exc:
             raise PARSER.usage_error(f"%%gpuprofile needs torch: {exc}") from None
         except RecordError as exc:  # a %%gpuprofile inside another
             raise PARSER.usage_error(str(exc)) from None
-        mode = "off" if opts.quiet else None
-        view = LiveView(lambda: profile_live_html(run.status()), delay=1.0, interval=1.0, mode=mode)
+
+        def live_html() -> str:
+            return profile_live_html(run.status())
+
+        # one display slot per cell: the runs before the last of --repeat N show none (a
+        # live view would leave an empty output behind each of them)
+        mode = "off" if opts.quiet or not last else None
+        view = LiveView(live_html, delay=1.0, interval=1.0, mode=mode)
+        present, kept = self._presenter(view, opts, earlier, last)
+        value = run_measured(self.shell, prepared, run, LiveResult(view, present))
+        if last and returns_result(opts) and "result" in kept:
+            # -o: the result is the magic's value (Out[] shows it with --rows rows)
+            kept["result"].display_rows = opts.rows
+            return kept["result"]
+        return value
+
+    def _presenter(
+        self, view: Any, opts: Any, earlier: list[Any], last: bool
+    ) -> tuple[Any, dict[str, Any]]:
+        """What ends one run of ``--repeat N``: a run before the last keeps its result as
+        samples and shows nothing, unless the cell failed there (then, as the last run, it
+        shows what the runs so far measured, and the cell's error ends the repeats). The dict
+        receives the result shown, for ``-o``."""
 
         kept: dict[str, Any] = {}
 
         def present(done: Any) -> Any:
             self.last_live_frames = view.pushes
-            if done is not None and done.result is not None:
+            if done is None:
+                return None
+            if not last and not done.cell_error and done.analysed and done.result is not None:
+                earlier.append(done.result)
+                return None
+            if done.result is not None and earlier:
+                done.result = done.result.with_earlier_runs(earlier)
+            if done.result is not None:
                 kept["result"] = done.result
             return self._kept_and_shown(done, opts)
 
-        value = run_measured(shell, prepared, run, LiveResult(view, present))
-        if returns_result(opts) and "result" in kept:
-            # -o: the result is the magic's value (Out[] shows it with --rows rows)
-            kept["result"].display_rows = opts.rows
-            return kept["result"]
-        return value
+        return present, kept
 
     def _kept_and_shown(self, done: Any, opts: Any) -> Any:
         """Keep the result under its names; what to show in the live view's place."""

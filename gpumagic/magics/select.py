@@ -55,7 +55,9 @@ class SelectMagics(Magics):
         that it refuses, changing nothing, as it does without an NVIDIA GPU or NVML.
         ``gpumagic.select_gpus(...)`` does the same from a script (raising ValueError).
         """
-        from gpumagic.monitor.choose import select_gpus
+        from IPython.core.error import UsageError
+
+        from gpumagic.monitor.choose import SelectError, select_gpus
         from gpumagic.units import parse_percent
 
         opts = PARSER.parse_line(without_silencer(line))
@@ -83,5 +85,9 @@ class SelectMagics(Magics):
                 max_gpu_utilization=max_util,
                 no_others=opts.no_others,
             )
+        except SelectError as exc:
+            # not a typo: no GPU here, CUDA started already, too few GPUs qualify. Said
+            # plainly, without the usage line that would send the user looking for one.
+            raise UsageError(f"%gpuselect: {exc}; nothing was changed") from None
         except ValueError as exc:
             raise PARSER.usage_error(str(exc)) from None

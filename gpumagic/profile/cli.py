@@ -22,6 +22,12 @@ def build_parser(prog: str = "gpumagic analyze") -> argparse.ArgumentParser:
     p.add_argument("path", help="trace file (.json / .json.gz) or directory of rank traces")
     p.add_argument("--html", metavar="OUT.html", help="also write a self-contained HTML report")
     p.add_argument("--rows", type=int, default=10, metavar="N", help="rows per table (default 10)")
+    p.add_argument(
+        "--keep-startup",
+        action="store_true",
+        help="a trace without step marks: keep its start-up phase (first CUDA context, lazy "
+        "module loading, slow first calls) in the step, as the TensorBoard plugin does",
+    )
     return p
 
 
@@ -37,7 +43,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "gpumagic analyze") -> i
     from gpumagic.profile.load import load_trace
 
     try:
-        result = load_trace(args.path)
+        result = load_trace(args.path, keep_startup=args.keep_startup)
         text = result.to_text(rows=args.rows)
     except TraceError as e:
         sys.stderr.write(f"{prog}: {e}\n")

@@ -24,6 +24,7 @@ def load_trace(
     skip_first: bool = False,
     labels: CodeLabels | None = None,
     executor: Executor | None = None,
+    keep_startup: bool = False,
 ) -> ProfileResult:
     """Analyse a Chrome trace from ``torch.profiler``, or a directory of per-rank traces.
 
@@ -37,7 +38,11 @@ def load_trace(
     ``skip_first=True`` leaves the first ``ProfilerStep`` (first-call setup) out of the
     steps when there are others; ``%%gpuprofile`` does so unless told ``--keep-first``.
     ``labels`` says what the statement and module ranges of a ``%%gpuprofile`` trace stand
-    for (sources, module names), where the file does not carry them itself.
+    for (sources, module names), where the file does not carry them itself. A trace without
+    step marks is one step from the end of its start-up phase (the first CUDA context, lazy
+    module loading, slow first calls: :mod:`gpumagic.profile.analysis.startup`), which the
+    report names; ``keep_startup=True`` keeps the phase in the step (the TensorBoard
+    plugin's step).
 
     A directory's ranks are each read, analysed and reduced to a summary in a task of
     ``executor``: any ``concurrent.futures.Executor`` (a Dask cluster's
@@ -56,7 +61,7 @@ def load_trace(
         files = trace_files(p)
         if not files:
             raise TraceError(p, "the directory holds no trace files (*.json, *.json.gz)")
-        options = LoadOptions(step_marks, mark_limit, skip_first, labels)
+        options = LoadOptions(step_marks, mark_limit, skip_first, labels, keep_startup)
         reduced = reduce_ranks(files, options, executor)
         numbers = number_ranks([s.declared_rank for s in reduced.summaries], files)
         result = ProfileResult(
@@ -71,7 +76,9 @@ def load_trace(
     if not p.exists():
         raise TraceError(p, "no such file or directory")
     return ProfileResult(
-        [analyse_file(p, LoadOptions(step_marks, mark_limit, skip_first, labels))], str(p), live
+        [analyse_file(p, LoadOptions(step_marks, mark_limit, skip_first, labels, keep_startup))],
+        str(p),
+        live,
     )
 
 

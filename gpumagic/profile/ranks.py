@@ -57,6 +57,7 @@ class LoadOptions:
     mark_limit: int | None = None
     skip_first: bool = False
     labels: CodeLabels | None = None
+    keep_startup: bool = False  # an unmarked trace's start-up phase stays in its step
 
 
 def analyse_file(path: str | Path, options: LoadOptions, rank: int | None = None) -> Analysis:
@@ -66,7 +67,9 @@ def analyse_file(path: str | Path, options: LoadOptions, rank: int | None = None
         trace.code.labels = options.labels
     if rank is not None:
         trace.rank = rank
-    return Analysis(trace, options.step_marks, options.mark_limit, options.skip_first)
+    return Analysis(
+        trace, options.step_marks, options.mark_limit, options.skip_first, options.keep_startup
+    )
 
 
 # --- what a rank is, summarised --------------------------------------------------------------

@@ -19,6 +19,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from gpumagic.profile.analysis.breakdown import CATEGORIES
 from gpumagic.profile.analysis.trace_analysis import Analysis, IdleReport
 from gpumagic.profile.ranks import Rank, RankSummary, communication_row, own_work_us, slow_ranks
@@ -28,7 +30,6 @@ from gpumagic.profile.trace.session import LiveState
 from gpumagic.render.html import Rendered
 
 if TYPE_CHECKING:
-    import numpy as np
     import pandas as pd
 
     from gpumagic.render.sections import Report
@@ -66,6 +67,9 @@ class ProfileResult(Rendered):
         # What the recording itself tells about the trace (no GPU events although CUDA was
         # recorded; the profiler stopped collecting early), shown above the report.
         self.notes: list[str] = []
+        # The earlier runs of the same cell (%%gpuprofile --repeat N), oldest first: their
+        # steps are samples of the step time too (see step_samples); the tables are this run's.
+        self.earlier_runs: list[ProfileResult] = []
         # How a directory's ranks were analysed ("a pool of 8 processes", ...); None for
         # ranks analysed whole in this process.
         self.reduced_by: str | None = None
@@ -150,6 +154,57 @@ class ProfileResult(Rendered):
         frame["slowest"] = frame["rank"] == self.slowest_rank
         return frame.sort_values("rank", kind="stable").reset_index(drop=True)
 
+    # --- runs and their steps as samples ------------------------------------------------
+
+    @property
+    def runs(self) -> list[ProfileResult]:
+        """Every run of the cell this result holds: the earlier ones of ``--repeat N``, then
+        this one (whose trace the tables describe)."""
+        return [*self.earlier_runs, self]
+
+    @property
+    def step_samples(self) -> list[np.ndarray]:
+        """Per run (:attr:`runs`), the duration in µs of each analysed step: the samples a
+        comparison's interval is drawn from (:mod:`gpumagic.profile.analysis.noise`)."""
+        return [r.primary.steps.duration.astype(float) for r in self.runs]
+
+    def category_samples(self) -> list[np.ndarray]:
+        """Per run, µs of each breakdown category in each analysed step (steps x
+        :data:`CATEGORIES`)."""
+        return [np.asarray(r.primary.breakdown.us, float) for r in self.runs]
+
+    def metric_samples(self) -> dict[str, list[np.ndarray]]:
+        """Per headline metric that has one value per step, the values per run: step time,
+        and on a GPU the share of each step a compute kernel ran (percent) and the µs no
+        kernel, copy or set ran. What a comparison draws its intervals from."""
+        from gpumagic.profile.analysis.breakdown import step_device_busy
+
+        out: dict[str, list[np.ndarray]] = {"step_time_us": self.step_samples}
+        if not all(r.primary.trace.has_gpu for r in self.runs):
+            return out
+        util, idle = [], []
+        for r in self.runs:
+            a = r.primary
+            duration = a.steps.duration.astype(float)
+            compute, busy = step_device_busy(a.trace, a.steps, a.comms.kernels)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                util.append(np.where(duration > 0, 100.0 * compute / duration, np.nan))
+            idle.append(duration - busy)
+        out["gpu_utilization_percent"] = util
+        out["gpu_idle_us_per_step"] = idle
+        return out
+
+    def with_earlier_runs(self, earlier: list[ProfileResult]) -> ProfileResult:
+        """The same run, holding ``earlier`` runs of the same cell as further samples."""
+        out = ProfileResult(self._ranks, self.source, self.live, self.name)
+        out.notes = list(self.notes)
+        out.display_rows = self.display_rows
+        out.reduced_by = self.reduced_by
+        out.earlier_runs = [r for e in earlier for r in e.runs]
+        if "primary" in self.__dict__:  # already read: the new result need not read it again
+            out.__dict__["primary"] = self.__dict__["primary"]
+        return out
+
     # --- the tables ------------------------------------------------------------------
 
     @cached_property
@@ -179,6 +234,11 @@ class ProfileResult(Rendered):
             "steps_from": st.source,
             "steps_dropped": st.dropped,
             "first_step_left_out": st.first_left_out,
+            # a trace without step marks: its start-up phase (µs, and what it holds), and
+            # whether the step starts after it (the figures leave it out) or holds it
+            "startup_us": st.startup.us if st.startup is not None else 0.0,
+            "startup": st.startup.describe() if st.startup is not None else "",
+            "startup_left_out": st.startup_left_out,
             "step_time_us": bd.mean_step_us,
             "step_time_min_us": float(st.duration.min()) if len(st) else 0.0,
             "step_time_max_us": float(st.duration.max()) if len(st) else 0.0,
@@ -196,7 +256,19 @@ class ProfileResult(Rendered):
             "findings": len(self.findings),
         }
         out.update(self._communication_summary())
+        out.update(self._noise_summary())
         return out
+
+    def _noise_summary(self) -> dict[str, Any]:
+        from gpumagic.profile.analysis import noise
+
+        samples = self.step_samples
+        return {
+            "runs": len(samples),
+            "step_time_median_us": noise.point(samples),
+            # the 95% interval of the median step time (None with fewer than 3 steps)
+            "step_time_median_interval_us": noise.interval(samples),
+        }
 
     @cached_property
     def breakdown(self) -> pd.DataFrame:
@@ -286,7 +358,7 @@ class ProfileResult(Rendered):
     @cached_property
     def lines(self) -> pd.DataFrame:
         """One row per statement of the profiled cell that ran: line, source, hits, host_us
-        (its own, without nested rows: the rows add up to the cell), device_us (GPU work it
+        (its own, without nested rows: the rows add up to the analysed steps), device_us (GPU work it
         launched, whatever thread launched it), device_percent, top_op, top_kernel. Empty
         for a trace recorded outside ``%%gpuprofile`` (see :attr:`lines_note`)."""
         from gpumagic.profile.analysis.lines import line_attribution
@@ -328,8 +400,6 @@ class ProfileResult(Rendered):
     def gpu_busy(self, bins: int) -> np.ndarray:
         """Per slice of the analysed steps cut into ``bins`` equal slices (the first step's
         start to the last one's end), the fraction of it in which some GPU event ran."""
-        import numpy as np
-
         from gpumagic.profile.analysis import intervals
 
         a = self.primary
@@ -350,6 +420,7 @@ class ProfileResult(Rendered):
         """The same analysis, diagnosed with session facts (see :mod:`gpumagic.profile.live`)."""
         out = ProfileResult(self._ranks, self.source, live, self.name)
         out.notes = list(self.notes)
+        out.earlier_runs = list(self.earlier_runs)
         if "primary" in self.__dict__:  # already read: the new result need not read it again
             out.__dict__["primary"] = self.__dict__["primary"]
         return out

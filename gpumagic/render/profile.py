@@ -30,7 +30,7 @@ from gpumagic.render.sections import (
 )
 from gpumagic.render.svg import svg_image, svg_open
 from gpumagic.render.table import Column, Table, finite
-from gpumagic.units import fmt_count, fmt_named, fmt_number, fmt_percent, fmt_us
+from gpumagic.units import fmt_count, fmt_interval, fmt_named, fmt_number, fmt_percent, fmt_us
 
 if TYPE_CHECKING:
     from gpumagic.profile.result import ProfileResult
@@ -59,6 +59,8 @@ def _steps_label(s: dict[str, Any]) -> str:
         label = f"ProfilerStep {names[0]}" + (f"-{names[-1]}" if len(names) > 1 else "")
     elif s["steps_from"] == "DataLoader":
         label = "one per DataLoader batch"
+    elif s.get("startup_left_out"):
+        label = "no step marks: the trace after its start-up phase is one step"
     else:
         label = "the whole trace (no step marks)"
     if s.get("first_step_left_out"):
@@ -74,16 +76,38 @@ def _steps_count(s: dict[str, Any]) -> str:
     return f"{s['steps']} of {recorded}" if recorded != s["steps"] else str(s["steps"])
 
 
+def _step_time(s: dict[str, Any]) -> str:
+    """Mean, min and max of the steps, and where there are enough steps, the median with
+    its 95% interval (over every run of ``--repeat N``)."""
+    spread = f"min {fmt_us(s['step_time_min_us'])}, max {fmt_us(s['step_time_max_us'])}"
+    text = f"{fmt_us(s['step_time_us'])} ({spread})"
+    interval = s.get("step_time_median_interval_us")
+    runs = s.get("runs", 1)
+    if runs > 1:
+        text = f"this run {text}"
+    if interval is not None:
+        over = f" over {runs} runs" if runs > 1 else ""
+        text = (
+            f"median {fmt_us(s['step_time_median_us'])} "
+            f"({fmt_interval(interval, fmt_us)}){over}; mean {text}"
+        )
+    return text
+
+
 def _headline_items(r: ProfileResult) -> list[tuple[str, str]]:
     s = r.summary
     items = [
         ("wall time", fmt_us(s["wall_time_us"])),
         ("steps", f"{_steps_count(s)} ({_steps_label(s)})"),
-        (
-            "step time",
-            f"{fmt_us(s['step_time_us'])} (min {fmt_us(s['step_time_min_us'])}, max {fmt_us(s['step_time_max_us'])})",
-        ),
     ]
+    if s.get("startup"):
+        kept = (
+            "left out of every figure below (--keep-startup keeps it)"
+            if s["startup_left_out"]
+            else "counted in the step"
+        )
+        items.append(("start-up", f"{fmt_us(s['startup_us'])}, {kept}: {s['startup']}"))
+    items.append(("step time", _step_time(s)))
     if s["cpu_only"]:
         items.append(("GPU", "none in this trace (CPU-only analysis)"))
     else:

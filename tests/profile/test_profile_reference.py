@@ -210,7 +210,8 @@ def _plugin_percent(values: tuple[float, ...]) -> dict[str, float]:
 
 @pytest.mark.parametrize("name", [t for t in TUNED + HELD_OUT if t not in WITH_NCCL_KERNELS])
 def test_breakdown_agrees_with_the_tensorboard_plugin(load, name):
-    r = load(name)
+    # the plugin counts an unmarked trace whole, its start-up phase included
+    r = load(name, keep_startup=True)
     values, step_us, util, sm_eff, occupancy = TB_PLUGIN[name]
     assert len(PLUGIN_ROLES) == len(CATEGORIES) == len(values)
     expected = _plugin_percent(values)
@@ -233,7 +234,7 @@ def test_breakdown_agrees_with_the_tensorboard_plugin(load, name):
 
 @pytest.mark.parametrize("name", WITH_NCCL_KERNELS)
 def test_breakdown_with_nccl_kernels_agrees_with_the_plugin_finding_them_by_name(load, name):
-    r = load(name)
+    r = load(name, keep_startup=True)  # the plugin's whole-trace step, as above
     values, step_us, util, sm_eff, occupancy, view = TB_PLUGIN_COMM_BY_NAME[name]
     expected = _plugin_percent(values)
     got = r.breakdown["percent"].to_dict()

@@ -181,3 +181,19 @@ def device_metrics(
             )
         )
     return out
+
+
+def step_device_busy(
+    trace: Trace, steps: Steps, comm_kernels: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per step, the µs in which some compute kernel ran (what utilisation counts), and
+    the µs in which any kernel, copy or set ran (what idle time leaves out), on any GPU:
+    the per-step samples behind a comparison's utilisation and idle rows."""
+    gpu = trace.gpu
+    comm = np.zeros(len(gpu.ts), bool) if comm_kernels is None else comm_kernels
+    compute = (gpu.kind == KERNEL) & ~comm
+    busy = np.isin(gpu.kind, (KERNEL, MEMCPY, MEMSET))
+    return (
+        intervals.length_in(gpu.ts[compute], gpu.end[compute], steps.start, steps.end),
+        intervals.length_in(gpu.ts[busy], gpu.end[busy], steps.start, steps.end),
+    )

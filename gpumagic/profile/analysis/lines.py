@@ -4,13 +4,18 @@ Every statement of a ``%%gpuprofile`` cell ran inside a profiler range of its ow
 :mod:`gpumagic.profile.record.probe`), and at most one was open at any instant, so the ranges
 tile the cell: a statement's ``host_us`` is the sum of its ranges and excludes the
 statements nested in it (a loop's body has rows of its own), and the rows add up to the
-cell's profiled time, less the probe's own few microseconds between ranges.
+time the statements spanned, less the probe's own few microseconds between ranges.
 
 GPU work is charged to the statement whose range contains the runtime call that launched
 it (correlation id -> launch), whatever thread made the call: the kernels autograd's
 device threads launch during ``loss.backward()`` belong to that line, the kernels that
 run long after an asynchronous launch still belong to the line that launched them.
 Operators on any thread are charged by their start.
+
+The table counts the steps the step statistics count (see
+:attr:`~gpumagic.profile.analysis.trace_analysis.Analysis.window`): statements that ran
+before the first analysed step (the first-call setup step ``%%gpuprofile`` leaves out, the
+code before the loop) or after the last one are not in it.
 """
 
 from __future__ import annotations
@@ -83,7 +88,7 @@ class LineAttribution:
     def __init__(self, analysis: Analysis) -> None:
         self.a = analysis
         self.code: CodeSpans = analysis.trace.code
-        spans = self.code.statements
+        spans = self.code.statements.within(*analysis.window)
         order = np.argsort(spans.ts, kind="stable")
         self._ts, self._end, self._key = spans.ts[order], spans.end[order], spans.key[order]
         # statement index -> row of the frame, in the cell's order
@@ -149,7 +154,7 @@ class LineAttribution:
         g_dur = gpu.end - gpu.ts
         ok = g_rows >= 0
         device_us = np.bincount(g_rows[ok], weights=g_dur[ok], minlength=n)
-        all_gpu_us = float(g_dur.sum())
+        all_gpu_us = float(g_dur[self.a.gpu_in_window].sum())
         kernel = ok & (gpu.kind == KERNEL)
         top_kernel = argmax_per_group(g_rows[kernel], gpu.name.codes[kernel], g_dur[kernel], n)
         # operators: device time they launched themselves, else host self time

@@ -12,6 +12,10 @@ no span holds it. The trace links the two instead: a backward node's op
 join the same pairs). The forward op sits in the innermost module span around it; the
 node's duration and the GPU work launched inside it go to that module and the modules
 around it.
+
+Like every table, it counts the analysed steps (the analysis's ``window``): module calls and
+backward nodes that started before the first analysed step or after the last one are left
+out.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ class ModuleAttribution:
     def __init__(self, analysis: Analysis) -> None:
         self.a = analysis
         self.code: CodeSpans = analysis.trace.code
-        spans = self.code.modules
+        self.spans = spans = self.code.modules.within(*analysis.window)
         self.keys = np.unique(spans.key)
         self._span_row = np.searchsorted(self.keys, spans.key)  # frame row per span
 
@@ -69,7 +73,7 @@ class ModuleAttribution:
         """(parent span of each span, innermost span around each runtime call's start,
         forward-op rows with a sequence number, innermost span around each of those)."""
         trace = self.a.trace
-        spans, rt, host = self.code.modules, trace.runtime, trace.host
+        spans, rt, host = self.spans, trace.runtime, trace.host
         seq, fwd_thread = host.sequence()
         forward = np.flatnonzero((seq >= 0) & (fwd_thread <= 0))
         m, n_rt = len(spans), len(rt.ts)
@@ -89,7 +93,7 @@ class ModuleAttribution:
         seq, fwd_thread = host.sequence()
         _, _, forward, fwd_span = self._links
         host_par, _ = self.a.parents
-        is_node = (seq >= 0) & (fwd_thread > 0)
+        is_node = (seq >= 0) & (fwd_thread > 0) & self.a.host_in_window
         nodes = np.flatnonzero(is_node & ~tree.any_ancestor(host_par, is_node))
         if not len(nodes) or not len(forward):
             return nodes, np.full(len(nodes), -1, np.int64)
@@ -117,7 +121,7 @@ class ModuleAttribution:
     @cached_property
     def _nested_in_itself(self) -> np.ndarray:
         parent, _, _, _ = self._links
-        key = self.code.modules.key
+        key = self.spans.key
         same = np.zeros(len(parent), bool)
         anc = parent.copy()
         while (live := anc >= 0).any():
@@ -166,7 +170,7 @@ class ModuleAttribution:
         n = len(self.keys)
         if n == 0:
             return empty_frame(MODULE_COLUMNS, ("module", "type", "parent"))
-        trace, spans = self.a.trace, self.code.modules
+        trace, spans = self.a.trace, self.spans
         gpu = trace.gpu
         parent, rt_span, _, _ = self._links
         calls = np.bincount(self._span_row, minlength=n)

@@ -17,7 +17,8 @@ with it:
 Without ``ProfilerStep`` marks (or when told to ignore them: a profiled cell that
 never called ``gpumagic.step()`` has one mark spanning the whole cell) each
 ``DataLoader.__next__`` starts a step when the trace has them, else the whole trace is
-one step.
+one step, less its start-up phase (the first CUDA context, lazy module loading, first
+calls: :mod:`gpumagic.profile.analysis.startup`), which is named apart.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpumagic.profile.analysis.startup import Startup, find_startup
 from gpumagic.profile.trace.model import Trace
 
 PROFILER_STEP = re.compile(r"^ProfilerStep\s*#\s*(\d+)")
@@ -59,6 +61,9 @@ class Steps:
     source: str  # "ProfilerStep", "DataLoader" or "trace"
     dropped: int = 0  # tail steps left out because their GPU work was not all recorded
     first_left_out: bool = False  # the first marked step (first-call setup) is not among these
+    # a trace without step marks: its start-up phase, and whether the step starts after it
+    startup: Startup | None = None
+    startup_left_out: bool = False
 
     def __len__(self) -> int:
         return len(self.names)
@@ -71,6 +76,17 @@ class Steps:
     def span(self) -> tuple[float, float]:
         return float(self.start[0]), float(self.end[-1])
 
+    @property
+    def window(self) -> tuple[float, float]:
+        """From the first step's CPU start to the last one's CPU end (µs): without the steps
+        left out (the first-call setup step, a cell's tail after its last step, a last step
+        whose GPU work was not all recorded). One step of a whole trace: everything, from the
+        end of its start-up phase when that is left out."""
+        if not len(self) or self.source == "trace":
+            lo = float(self.host_start[0]) if len(self) and self.startup_left_out else -np.inf
+            return lo, np.inf
+        return float(self.host_start[0]), float(self.host_end[-1])
+
 
 def find_steps(
     trace: Trace,
@@ -78,6 +94,7 @@ def find_steps(
     use_marks: bool = True,
     mark_limit: int | None = None,
     skip_first: bool = False,
+    keep_startup: bool = False,
 ) -> Steps:
     """Find the steps of ``trace``.
 
@@ -89,7 +106,9 @@ def find_steps(
     cell's tail (code after the loop), not a step. ``skip_first=True`` leaves the first
     ``ProfilerStep`` out when others remain: a cell profiled from its first iteration pays
     first-call costs there (cuBLAS/cuDNN handles and workspaces, lazy loading of CUDA modules,
-    autotuning, DataLoader start-up) that no later step repeats.
+    autotuning, DataLoader start-up) that no later step repeats. A trace without marks or
+    DataLoader batches is one step, which starts after the trace's start-up phase unless
+    ``keep_startup`` (the TensorBoard plugin's whole-trace step); the phase is named either way.
     """
     host = trace.host
     names = host.name
@@ -111,16 +130,28 @@ def find_steps(
             labels = [str(i + 1) for i in range(len(begin))]
             source = "DataLoader"
         else:
-            if len(host.ts):
-                lo, hi = float(host.ts.min()), float(host.end.max())
-            else:  # a device-only trace
-                lo, hi = trace.start, trace.end
-            h_start, h_end = np.array([lo]), np.array([hi])
-            labels, source = ["0"], "trace"
+            return _one_step(trace, launch_runtime, keep_startup)
     steps = _extend_to_device(trace, launch_runtime, labels, h_start, h_end, source)
     if skip_first and source == "ProfilerStep" and len(steps) > 1:
         # after the extension, so the next step still starts where the first one's GPU work ended
         steps = _without_first(steps)
+    return steps
+
+
+def _one_step(trace: Trace, launch_runtime: np.ndarray, keep_startup: bool) -> Steps:
+    """The whole trace as one step, starting after its start-up phase when it has one and
+    host work follows it (else the phase is only named)."""
+    host = trace.host
+    if len(host.ts):
+        lo, hi = float(host.ts.min()), float(host.end.max())
+    else:  # a device-only trace
+        lo, hi = trace.start, trace.end
+    startup = find_startup(trace) if len(host.ts) else None
+    after = startup is not None and not keep_startup and bool((host.ts >= startup.end).any())
+    if startup is not None and after:
+        lo = max(lo, startup.end)
+    steps = _extend_to_device(trace, launch_runtime, ["0"], np.array([lo]), np.array([hi]), "trace")
+    steps.startup, steps.startup_left_out = startup, after
     return steps
 
 

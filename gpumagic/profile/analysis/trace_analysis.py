@@ -142,11 +142,13 @@ class Analysis:
         step_marks: bool = True,
         mark_limit: int | None = None,
         skip_first: bool = False,
+        keep_startup: bool = False,
     ) -> None:
         self.trace = trace
         self.step_marks = step_marks  # False: ignore ProfilerStep spans when finding steps
         self.mark_limit = mark_limit  # ProfilerStep#N with N >= this are not steps (a cell's tail)
         self.skip_first = skip_first  # leave the first marked step (first-call setup) out
+        self.keep_startup = keep_startup  # an unmarked trace's start-up phase stays in its step
         self._memos: dict[str, object] = {}  # see memo()
 
     def memo(self, key: str, make: Callable[[], _T]) -> _T:
@@ -231,7 +233,12 @@ class Analysis:
     @cached_property
     def steps(self) -> Steps:
         return find_steps(
-            self.trace, self.launch_runtime, self.step_marks, self.mark_limit, self.skip_first
+            self.trace,
+            self.launch_runtime,
+            self.step_marks,
+            self.mark_limit,
+            self.skip_first,
+            self.keep_startup,
         )
 
     @cached_property
@@ -274,6 +281,34 @@ class Analysis:
             intervals.total(*intervals.clip(s, e, lo, hi)) for lo, hi in zip(st.start, st.end)
         )
         return float(inside / len(st))
+
+    # --- the analysed window: what every table counts ----------------------------------
+
+    @property
+    def window(self) -> tuple[float, float]:
+        """What every table counts (:attr:`Steps.window`): operators, kernels, lines and
+        modules that started, or GPU work launched, inside it, as the step statistics do."""
+        return self.steps.window
+
+    @cached_property
+    def host_in_window(self) -> np.ndarray:
+        """Mask over host events: those that started inside :attr:`window`."""
+        lo, hi = self.window
+        ts = self.trace.host.ts
+        return (ts >= lo) & (ts <= hi)
+
+    @cached_property
+    def gpu_in_window(self) -> np.ndarray:
+        """Mask over GPU events: launched inside :attr:`window`; one whose launch the trace
+        does not link, when it ran inside the steps' span."""
+        lo, hi = self.window
+        launch = self.launch_ts
+        linked = np.isfinite(launch)
+        gpu = self.trace.gpu
+        span_lo, span_hi = self.steps.span if len(self.steps) else (lo, hi)
+        return np.where(
+            linked, (launch >= lo) & (launch <= hi), (gpu.end > span_lo) & (gpu.ts < span_hi)
+        )
 
     @property
     def gpu_utilization_percent(self) -> float | None:
@@ -342,9 +377,14 @@ class Analysis:
         )
         return np.maximum(dur - child, 0.0)
 
+    @property
+    def op_rows_in_window(self) -> np.ndarray:
+        """The operators (:attr:`op_rows`) that started inside :attr:`window`."""
+        return self.op_rows[self.host_in_window[self.op_rows]]
+
     def ops_frame(self) -> pd.DataFrame:
         host = self.trace.host
-        rows = self.op_rows
+        rows = self.op_rows_in_window
         if len(rows) == 0:
             return pd.DataFrame(
                 {c: pd.Series(dtype=float if c.endswith("_us") else object) for c in OPS_COLUMNS}
@@ -374,7 +414,7 @@ class Analysis:
 
     def ops_by_shape_frame(self) -> pd.DataFrame:
         host = self.trace.host
-        rows = self.op_rows
+        rows = self.op_rows_in_window
         dims, types = host.inputs(rows)
         dev_self, dev_total = self.device_time
         frame = pd.DataFrame(
@@ -397,10 +437,10 @@ class Analysis:
         ).reset_index(drop=True)
 
     def kernels_frame(self, rows: np.ndarray | None = None) -> pd.DataFrame:
-        """Kernels grouped by name (all of them, or the GPU events ``rows``)."""
+        """Kernels grouped by name (those launched in :attr:`window`, or the GPU events ``rows``)."""
         gpu = self.trace.gpu
         kernel = gpu.kind == KERNEL
-        rows = np.flatnonzero(kernel) if rows is None else rows[kernel[rows]]
+        rows = np.flatnonzero(kernel & self.gpu_in_window) if rows is None else rows[kernel[rows]]
         if len(rows) == 0:
             return pd.DataFrame(
                 {c: pd.Series(dtype=object if c == "name" else float) for c in KERNEL_COLUMNS}
@@ -447,8 +487,7 @@ class Analysis:
     def idle_rows(self, window: str = "steps") -> tuple[np.ndarray, tuple[float, float]]:
         """The GPU events an idle analysis covers, and the window it reports on.
 
-        ``"steps"``: events launched from inside the analysed steps (all events when the
-        trace has no ProfilerStep marks). ``"hta"``: HTA's choice, events launched before
+        ``"steps"``: events launched from inside the analysed steps (:attr:`gpu_in_window`). ``"hta"``: HTA's choice, events launched before
         the last ProfilerStep began (HTA always leaves the last step out, as possibly
         incomplete); with fewer than two marks, every event.
         """
@@ -463,11 +502,7 @@ class Analysis:
             else:
                 rows = np.flatnonzero(busy_kind)
         elif window == "steps":
-            if st.source == "trace":
-                rows = np.flatnonzero(busy_kind)
-            else:
-                lo, hi = float(st.host_start[0]), float(st.host_end[-1])
-                rows = np.flatnonzero(busy_kind & (self.launch_ts >= lo) & (self.launch_ts <= hi))
+            rows = np.flatnonzero(busy_kind & self.gpu_in_window)
         else:
             raise ValueError(f"window must be 'steps' or 'hta', not {window!r}")
         if window == "steps" or len(rows) == 0:

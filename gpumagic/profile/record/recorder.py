@@ -19,6 +19,7 @@ import os
 import re
 import secrets
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -146,14 +147,16 @@ class Recorder:
             with_flops=opts.flops,
         )
         self._owns_profiler = not _profiler_on()
-        _start_quietly(self._prof)
+        with _KINETO_LINES:
+            _start_quietly(self._prof)
         self._started = True
         self.started = time.perf_counter()
         return self
 
     def step(self) -> None:
         self.steps += 1
-        self._prof.step()
+        with _KINETO_LINES:  # a schedule starts and stops Kineto's trace inside step()
+            self._prof.step()
         if self.device_stopped_at is None and _device_stopped(self._prof):
             # Kineto stopped device collection (CUPTI buffers full, a device error): torch
             # wrote the trace so far and records nothing more this cell; notes() says so
@@ -172,7 +175,8 @@ class Recorder:
         try:
             if self._started:
                 self._synchronize_other_devices()
-                self._prof.stop()
+                with _KINETO_LINES:
+                    self._prof.stop()
         except Exception as exc:
             failure = exc
         finally:
@@ -371,17 +375,88 @@ def _cuda_initialized() -> bool:
         return False
 
 
+_USDT = re.compile(rb"^USDT:")
+
+
+class _WithoutKinetoLines:
+    """Around torch's profiler start, step and stop: file descriptor 2 goes to a temporary
+    file, and what was written there goes back to stderr afterwards, less Kineto's
+    ``USDT:... profiler_start`` / ``profiler_stop`` lines.
+
+    Kineto (torch 2.13) writes those lines from C++ straight to fd 2 at every start and stop,
+    whatever Python's ``sys.stderr`` is, and ipykernel forwards fd 2 to the notebook, so they
+    showed in red under every profiled cell. Its log level could hide them only until
+    something else in the process started a Kineto trace first (the level is read once per
+    process, see :func:`_start_quietly`): a test suite, or a cell that used
+    ``torch.profiler`` itself. Everything else written meanwhile, by any thread, comes back,
+    in order, once the call returns. Reentrant, so a nested use is a no-op; where fd 2 cannot
+    be duplicated (no stderr at all), it does nothing.
+    """
+
+    def __init__(self) -> None:
+        self._depth = 0
+        self._lock = threading.Lock()
+        self._saved = -1
+        self._file: Any = None
+
+    def __enter__(self) -> None:
+        with self._lock:
+            self._depth += 1
+            if self._depth > 1:
+                return
+            try:
+                sys.stderr.flush()  # what Python buffered goes out before, in order
+            except Exception:
+                pass
+            try:
+                if self._file is None:
+                    self._file = tempfile.TemporaryFile()
+                self._saved = os.dup(2)
+                os.dup2(self._file.fileno(), 2)
+            except OSError:
+                self._saved = -1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._depth -= 1
+            if self._depth or self._saved < 0:
+                return
+            saved, self._saved = self._saved, -1
+            try:
+                os.dup2(saved, 2)
+            finally:
+                os.close(saved)
+            f = self._file
+            try:
+                size = os.lseek(f.fileno(), 0, os.SEEK_CUR)
+                if size:
+                    os.lseek(f.fileno(), 0, os.SEEK_SET)
+                    text = os.read(f.fileno(), size)
+                    os.ftruncate(f.fileno(), 0)
+                    os.lseek(f.fileno(), 0, os.SEEK_SET)
+                    kept = b"".join(
+                        line for line in text.splitlines(keepends=True) if not _USDT.match(line)
+                    )
+                    if kept:
+                        os.write(2, kept)
+            except OSError:
+                pass
+
+
+_KINETO_LINES = _WithoutKinetoLines()
+
+
 def _start_quietly(prof: Any) -> None:
     """``prof.start()``, with Kineto's own log lines off for the process.
 
-    Kineto in recent torch prints "USDT: ... profiler_start/stop" lines on stderr at every
-    start and stop, which ipykernel shows in red under every profiled cell. Its levels put
-    those above errors, so only "off" (6) hides them. Kineto reads KINETO_LOG_LEVEL once,
-    when the process first prepares a trace (inside this start()), and keeps the level, so
-    the variable is set for that call only: left in os.environ it would pass to every child
-    of the kernel (and silence their Kineto warnings too). A KINETO_LOG_LEVEL the user set wins. Kineto's own warnings
-    (a CUPTI that fails to start) are silenced with the rest; the report's notes say what
-    the trace lacks instead.
+    Kineto reads KINETO_LOG_LEVEL once, when the process first prepares a trace (inside this
+    start()), and keeps the level, so the variable is set for that call only: left in
+    os.environ it would pass to every child of the kernel (and silence their Kineto warnings
+    too). A KINETO_LOG_LEVEL the user set wins. Kineto's own warnings (a CUPTI that fails to
+    start) are silenced with the rest; the report's notes say what the trace lacks instead.
+    The "USDT: ... profiler_start/stop" lines are above every level but "off" (6), and come
+    back whenever something else started Kineto first: :class:`_WithoutKinetoLines` drops
+    them at every start, step and stop, whatever the level.
     """
     global _kineto_started
     if _kineto_started or "KINETO_LOG_LEVEL" in os.environ:

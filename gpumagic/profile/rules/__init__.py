@@ -27,10 +27,14 @@ functions side by side:
    numbers the finding quotes. No prose here; numbers that belong in the analysis (a mask
    other rules or reports could use) go to :mod:`gpumagic.profile.analysis` instead.
 2. ``advise_<rule>(evidence, facts: Facts) -> Advice``: the title, message, fix and code
-   snippet, fitted to the :class:`~.base.Facts` (the session now; the machine is meant to
-   join it there).
+   snippet, fitted to the :class:`~.base.Facts` (the live session; the CPUs this process may
+   use, the GPU's compute capability, the installed torch), so the snippet runs as written
+   on the machine it is for. Every number the message quotes must be one ``quoted()``
+   holds (``tests/profile/test_profile_findings_text.py`` checks it on every shared trace).
 
-Then register it: ``Rule("<rule>", detect_<rule>, advise_<rule>)`` in ``registry.RULES``;
+Then register it: ``Rule("<rule>", detect_<rule>, advise_<rule>)`` in ``registry.RULES``
+(with ``category=`` the breakdown category its saving is time of, where there is one: a
+comparison then calls it fixed only when that category moved beyond the noise);
 and test it on a real trace from ``../shared/traces`` that shows the problem, or on one
 built in the test from a few events (``tests/profile/profile_helpers.TraceBuilder``) where
 no real trace does, both where it fires and where it must stay silent.

@@ -20,6 +20,10 @@ ranking, not a sum to expect.
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
+import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -30,7 +34,7 @@ import numpy as np
 from gpumagic.profile.analysis.breakdown import CATEGORIES
 from gpumagic.profile.analysis.trace_analysis import Analysis
 from gpumagic.profile.analysis.where import EvidenceRows
-from gpumagic.profile.trace.model import KERNEL
+from gpumagic.profile.trace.model import KERNEL, Trace
 from gpumagic.profile.trace.session import LiveState
 
 SEVERITIES = ("high", "medium", "low")
@@ -83,18 +87,78 @@ def severity(saving_us: float, step_us: float) -> str:
     return "low"
 
 
+# The most DataLoader workers worth suggesting, as %gpuenv suggests them
+# (gpumagic.environment.checks.suggest_num_workers: each worker is a whole process).
+MAX_SUGGESTED_WORKERS = 8
+
+
 @dataclass(frozen=True)
 class Facts:
-    """What advice may fit itself to besides the evidence.
+    """What advice may fit itself to besides the evidence: the live session (how TF32 was
+    set, the DDP options; ``None`` for a trace loaded from disk) and the machine the advice
+    is for, so that a snippet runs there as written.
 
-    Today the live session (how TF32 was set, the DDP options, ``None`` for a trace loaded
-    from disk). Facts about the machine the advice is for (the CPUs this process may use,
-    from ``os.sched_getaffinity``; the GPU's compute capability; the torch version) belong
-    here as further fields, so that snippets can fit the machine without any rule's
-    signature changing.
+    ``cpus``: the CPUs this process may use (``os.sched_getaffinity``, not the machine's
+    count: a container or ``taskset`` gives fewer); ``compute_capability``: the trace's
+    GPU's; ``torch_version``: the installed torch's (major, minor), whose API the snippets
+    use. None where unknown.
     """
 
     live: LiveState | None = None
+    cpus: int | None = None
+    compute_capability: tuple[int, int] | None = None
+    torch_version: tuple[int, int] | None = None
+
+    @classmethod
+    def here(cls, live: LiveState | None, trace: Trace | None = None) -> Facts:
+        """The facts of this process and machine, and of the GPU ``trace`` ran on."""
+        caps = [d.compute_capability for d in (trace.devices if trace else []) if d.compute_capability]
+        return cls(live, usable_cpus(), max(caps) if caps else None, installed_torch())
+
+    @property
+    def loader_workers(self) -> int:
+        """DataLoader workers to suggest: one CPU stays with the training process, at most
+        :data:`MAX_SUGGESTED_WORKERS` (``%gpuenv``'s rule; 4 where the CPUs are unknown)."""
+        if self.cpus is None:
+            return 4
+        return 0 if self.cpus <= 1 else max(1, min(self.cpus - 1, MAX_SUGGESTED_WORKERS))
+
+    def torch_at_least(self, major: int, minor: int) -> bool:
+        """Whether the installed torch has the API of ``major.minor`` (True when unknown:
+        the package needs torch 2.1 or newer, and most snippets fit any of them)."""
+        return self.torch_version is None or self.torch_version >= (major, minor)
+
+    @property
+    def bf16(self) -> bool:
+        """The GPU computes in bf16 on tensor cores (Ampere, compute capability 8.0, on;
+        True when unknown)."""
+        return self.compute_capability is None or self.compute_capability >= (8, 0)
+
+    def grad_scaler(self) -> str:
+        """The fp16 gradient scaler as the installed torch spells it (``torch.amp`` from 2.3;
+        ``torch.cuda.amp.GradScaler`` warns there, and is all that older versions have)."""
+        if self.torch_at_least(2, 3):
+            return "torch.amp.GradScaler('cuda')"
+        return "torch.cuda.amp.GradScaler()"
+
+
+def usable_cpus() -> int | None:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS, Windows: no affinity call
+        return os.cpu_count()
+
+
+@functools.lru_cache(maxsize=1)
+def installed_torch() -> tuple[int, int] | None:
+    """The installed torch's (major, minor), from its metadata (torch is not imported)."""
+    try:
+        version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    m = re.match(r"(\d+)\.(\d+)", version)
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 class Context:
@@ -104,7 +168,7 @@ class Context:
         self.a = analysis
         self.trace = analysis.trace
         self.live = live
-        self.facts = Facts(live)
+        self.facts = Facts.here(live, analysis.trace)
         self.steps = analysis.steps
         self.n_steps = max(len(self.steps), 1)
         self.step_us = analysis.breakdown.mean_step_us
@@ -114,10 +178,9 @@ class Context:
         self.rocm = any(v.startswith("hip") for v in analysis.trace.runtime.name.values)
 
     def host_in_steps(self, ts: np.ndarray) -> np.ndarray:
-        st = self.steps
-        if st.source == "trace":
-            return np.ones(len(ts), bool)
-        return (ts >= st.host_start[0]) & (ts <= st.host_end[-1])
+        """Mask over host times: inside the analysed steps (the analysis's window)."""
+        lo, hi = self.a.window
+        return (ts >= lo) & (ts <= hi)
 
     @cached_property
     def gpu_in_steps(self) -> np.ndarray:
@@ -185,6 +248,9 @@ class Rule(Generic[E]):
     name: str
     detect: Callable[[Context], E | None]
     advise: Callable[[E, Facts], Advice]
+    # the breakdown category whose time the finding's saving is, where there is one: a
+    # comparison calls the finding fixed when that category's change lies beyond the noise
+    category: str | None = None
 
     def __call__(self, c: Context) -> Finding | None:
         found = self.detect(c)

@@ -60,29 +60,55 @@ def detect_dataloader(c: Context) -> DataLoaderStall | None:
     )
 
 
+def _loader_snippet(has_gpu: bool, first: str, workers_line: str) -> str:
+    lines = [
+        "loader = torch.utils.data.DataLoader(",
+        f"    {first}",
+        f"    {workers_line}",
+        *(["    pin_memory=True,          # page-locked batches copy asynchronously"] if has_gpu else []),
+        "    persistent_workers=True,  # keep workers between epochs",
+        ")",
+    ]
+    return "\n".join(lines)
+
+
 def advise_dataloader(e: DataLoaderStall, facts: Facts) -> Advice:
+    workers = facts.loader_workers
+    cpus = f"{facts.cpus} CPUs" if facts.cpus is not None else "the CPUs"
+    # as %gpuenv suggests it: one CPU stays with the training process
+    why_n = f"# {cpus} here, one left for training" if facts.cpus else "# measure: start near the CPUs / 2"
     if e.in_process:
         why = (
             "the loader runs in the training process (num_workers=0: _SingleProcessDataLoaderIter)"
         )
-        fix = "Load batches in worker processes, and pin them for fast copies."
-        snippet = (
-            "loader = torch.utils.data.DataLoader(\n"
-            "    dataset, batch_size=batch_size, shuffle=True,\n"
-            "    num_workers=4,            # start near os.cpu_count() // 2, measure\n"
-            "    pin_memory=True,          # page-locked batches copy asynchronously\n"
-            "    persistent_workers=True,  # keep workers between epochs\n"
-            ")"
+        fix = f"Load batches in worker processes ({workers} for this machine's {cpus})" + (
+            ", and pin them for fast copies." if e.has_gpu else "."
         )
+        snippet = _loader_snippet(
+            e.has_gpu,
+            "dataset, batch_size=batch_size, shuffle=True,",
+            f"num_workers={workers},  {why_n}",
+        )
+        if workers == 0:
+            fix = (
+                "Only one CPU is available here: a worker would take it from training. Make "
+                "each sample cheaper (precompute, cache) or move augmentation to the GPU."
+            )
+            snippet = "# one usable CPU: keep num_workers=0; precompute or cache what __getitem__ does"
     else:
         why = "the worker processes do not keep up"
-        fix = "Add workers or prefetch deeper; move heavy augmentation to the GPU."
-        snippet = (
-            "loader = torch.utils.data.DataLoader(\n"
-            "    dataset, batch_size=batch_size,\n"
-            "    num_workers=8, prefetch_factor=4,  # more workers, deeper queue\n"
-            "    pin_memory=True, persistent_workers=True,\n"
-            ")"
+        more = e.num_workers is None or e.num_workers < workers
+        fix = (
+            f"Add workers (up to {workers} for this machine's {cpus}) or prefetch deeper; "
+            "move heavy augmentation to the GPU."
+            if more
+            else f"The workers already use the {cpus}: make each sample cheaper, or move heavy "
+            "augmentation to the GPU."
+        )
+        snippet = _loader_snippet(
+            e.has_gpu,
+            "dataset, batch_size=batch_size,",
+            f"num_workers={workers}, prefetch_factor=4,  {why_n}",
         )
     # the breakdown counts DataLoader time only where no kernel runs; on a CPU-only run
     # there is no GPU to speak of, only the training loop waiting for its batch

@@ -73,7 +73,8 @@ def advise_low_utilization(e: LowUtilization, facts: Facts) -> Advice:
     return Advice(
         "GPU busy less than half of the step",
         message,
-        "Remove the stalls found above; then raise the batch size or fuse work with torch.compile.",
+        "Fix the causes the other findings name first (their savings come out of this idle "
+        "time); what is left needs more work per launch: a larger batch, or torch.compile.",
         snippet,
     )
 
@@ -96,6 +97,7 @@ class SmallGrids(Evidence):
     def quoted(self) -> dict[str, float | int | str]:
         return {
             "kernels": self.kernels,
+            "kernels_ranked": self.ranked,
             "share_of_kernel_time_percent": round(self.share_percent, 1),
             "worst_kernel": self.worst_kernel[:120],
             "worst_blocks_per_sm": round(self.worst_blocks_per_sm, 3),
@@ -202,8 +204,10 @@ def advise_memory_ceiling(e: MemoryCeiling, facts: Facts) -> Advice:
         f"{fmt_percent(100 * e.share)} of its {fmt_bytes(e.capacity_bytes)}: one larger batch "
         "or a fragmented allocator away from an out-of-memory error. No time saving is estimated."
     )
+    # bf16 needs Ampere's tensor cores; older GPUs halve memory with fp16 (and a GradScaler)
+    dtype = "bfloat16" if facts.bf16 else "float16"
     snippet = (
-        "with torch.autocast('cuda', dtype=torch.bfloat16):  # halves activation memory\n"
+        f"with torch.autocast('cuda', dtype=torch.{dtype}):  # halves activation memory\n"
         "    loss = loss_fn(model(x), y)\n"
         "# recompute activations instead of storing them:\n"
         "out = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)\n"

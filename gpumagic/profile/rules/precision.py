@@ -158,7 +158,7 @@ def advise_tensor_cores(e: Fp32Matmuls, facts: Facts) -> Advice:
         fix = "Allow TF32 or train in bf16 with autocast so matmuls and convolutions use tensor cores."
     else:
         snippet = (
-            "scaler = torch.amp.GradScaler('cuda')\n"
+            f"scaler = {facts.grad_scaler()}\n"
             "with torch.autocast('cuda', dtype=torch.float16):\n"
             "    loss = loss_fn(model(x), y)\n"
             "scaler.scale(loss).backward()\n"

@@ -21,11 +21,17 @@ from gpumagic.profile.trace.session import LiveState
 RULES: dict[str, Rule[Any]] = {
     rule.name: rule
     for rule in (
-        Rule("dataloader", input_pipeline.detect_dataloader, input_pipeline.advise_dataloader),
+        Rule(
+            "dataloader",
+            input_pipeline.detect_dataloader,
+            input_pipeline.advise_dataloader,
+            category="DataLoader",
+        ),
         Rule(
             "pageable_memcpy",
             input_pipeline.detect_pageable_memcpy,
             input_pipeline.advise_pageable_memcpy,
+            category="Memcpy",
         ),
         Rule("sync", sync_launch.detect_sync, sync_launch.advise_sync),
         Rule("launch_bound", sync_launch.detect_launch_bound, sync_launch.advise_launch_bound),
@@ -49,7 +55,10 @@ RULES: dict[str, Rule[Any]] = {
             kernels_memory.advise_cudnn_benchmark,
         ),
         Rule(
-            "communication", communication.detect_communication, communication.advise_communication
+            "communication",
+            communication.detect_communication,
+            communication.advise_communication,
+            category="Communication",
         ),
         Rule("dataparallel", communication.detect_dataparallel, communication.advise_dataparallel),
         Rule("gloo_on_gpu", communication.detect_gloo_on_gpu, communication.advise_gloo_on_gpu),

@@ -29,6 +29,7 @@ class HostSyncs(Evidence):
 
     def quoted(self) -> dict[str, float | int | str]:
         out: dict[str, float | int | str] = {
+            "synchronisations_per_step": round(self.count, 2),
             "host_syncs_per_step": round(self.host_syncs, 2),
             "item_calls_per_step": round(self.item_calls, 2),
             "device_sync_events_per_step": round(self.device_syncs, 2),
@@ -45,12 +46,7 @@ def detect_sync(c: Context) -> HostSyncs | None:
     rt, host, syncs = c.trace.runtime, c.trace.host, c.trace.syncs
     host_sync = rt.name.mask(is_host_sync) & c.host_in_steps(rt.ts)
     item = host.name.mask(lambda n: n == "aten::_local_scalar_dense") & c.host_in_steps(host.ts)
-    lo, hi = c.steps.host_start[0], c.steps.host_end[-1]
-    dev_sync = (
-        (syncs.ts >= lo) & (syncs.ts <= hi)
-        if c.steps.source != "trace"
-        else np.ones(len(syncs.ts), bool)
-    )
+    dev_sync = c.host_in_steps(syncs.ts)
     n_sync = int(host_sync.sum())
     if n_sync == 0 and not item.any() and not dev_sync.any():
         return None
@@ -103,10 +99,19 @@ def _gpu_idle_after(c: Context, ends: np.ndarray) -> float:
 
 
 def advise_sync(e: HostSyncs, facts: Facts) -> Advice:
+    # the three counts see the same waits from three sides (a .item() is a scalar read that
+    # makes a synchronising call, which the device may record as an event): say each
+    seen = [
+        (e.host_syncs, "synchronising runtime calls"),
+        (e.item_calls, "scalar reads (.item())"),
+        (e.device_syncs, "synchronisation events on the device"),
+    ]
+    counts = ", ".join(f"{fmt_mean_count(n)} {what}" for n, what in seen if n)
     message = (
-        f"{fmt_mean_count(e.count)} device synchronisations per step "
-        f"(.item(), .cpu(), printing a tensor, explicit synchronize): each one drains the GPU queue, "
-        f"leaving the GPU idle for {fmt_us(e.gpu_idle_us)} per step while the CPU catches up."
+        f"Up to {fmt_mean_count(e.count)} synchronisations per step ({counts}; .item(), .cpu(), "
+        "printing a tensor and explicit synchronize all wait for the GPU): each one drains the "
+        f"GPU queue, leaving the GPU idle for {fmt_us(e.gpu_idle_us)} per step while the CPU "
+        "catches up."
     )
     snippet = (
         "running_loss += loss.detach()          # stays on the GPU, no sync\n"

@@ -114,6 +114,13 @@ class Spans:
     def __len__(self) -> int:
         return len(self.key)
 
+    def within(self, lo: float, hi: float) -> Spans:
+        """The spans that start inside ``[lo, hi]``."""
+        keep = (self.ts >= lo) & (self.ts <= hi)
+        if keep.all():
+            return self
+        return Spans(self.key[keep], self.ts[keep], self.end[keep], self.thread[keep])
+
 
 @dataclass
 class CodeSpans:
