@@ -189,16 +189,16 @@ def memfit_next(report: OomReport, sources: Sequence[str], namespace: Mapping[st
     torch = loaded_torch()
     try:
         gpu_here = bool(torch is not None and torch.cuda.is_available())
-    except Exception:
-        gpu_here = False
-    return oom_memfit_line(
-        cuda=report.device != HOST,
-        device=report.device,
-        total=report.total,
-        sources=sources,
-        namespace=namespace,
-        gpu_here=gpu_here,
-    )
+        return oom_memfit_line(
+            cuda=report.device != HOST,
+            device=report.device,
+            total=report.total,
+            sources=sources,
+            namespace=namespace,
+            gpu_here=gpu_here,
+        )
+    except Exception:  # a next step is no reason to lose the report (a user's odd namespace)
+        return ""
 
 
 def _short(exc: BaseException) -> str:
