@@ -114,6 +114,24 @@ def test_an_optimizer_with_less_state_saves_what_it_measures(fix):
     _within_10_percent(_predicted(fit, fix), _saving(namespace("mlp", batch=4), other, cell))
 
 
+def test_an_optimizer_swapped_in_the_steady_state_is_given_its_own_state():
+    # After a step Adam holds two tensors per parameter; SGD with momentum would hold one.
+    # The saving of the swap is one set, not all of Adam's state; at batch 4096 the peak is in
+    # the forward/backward, before the step, where a fresh SGD would have made no momentum yet.
+    cell = train_cell("mlp")
+
+    def after_a_step(kind: str) -> dict:
+        ns = namespace("mlp", batch=4096)
+        if kind == "sgd":
+            ns["optimizer"] = torch.optim.SGD(ns["model"].parameters(), lr=1e-3, momentum=0.9)
+        measure(prepare_source(cell), ns)  # one real step: the optimizer holds its state
+        return ns
+
+    fit = memfit(cell, after_a_step("adam"), what_if="sgd")
+    assert "state as after a step" in fit.what_if.set_index("fix").loc["sgd", "changed"]
+    _within_10_percent(_predicted(fit, "sgd"), _saving(after_a_step("adam"), after_a_step("sgd"), cell))
+
+
 def test_set_to_none_saving_matches_the_measured_one():
     # Gradients left allocated (zeroed) by the last step stay through the next forward unless
     # zero_grad sets them to None: at batch 4096 the forward/backward is the peak.

@@ -79,3 +79,29 @@ def test_a_statement_with_too_many_events_folds_its_log(monkeypatch):
     settled = ledger.settle(lambda rs: None, 3)
     assert settled.approximate and settled.peak == 190
     assert settled.at_peak[INPUTS] == 100 and settled.at_peak[TEMPORARIES] == 90
+
+
+def test_a_detailed_ledger_names_each_storage_alive_at_the_peak_adding_up_to_it():
+    """What %%memfit's dry run reads: each storage alive at a statement's peak with its
+    category then (an earlier storage moved after the peak keeps its category then)."""
+    ledger = Ledger(detail=True)
+    ledger.begin(-1)
+    param = make(ledger, 1, 1000)
+    ledger.move(param, PARAMETERS)
+    named = make(ledger, 2, 50)
+    ledger.move(named, INPUTS)
+    ledger.begin(0)
+    assert Ledger().alive_now() is None  # without detail, nothing is kept
+    assert {(r.key, c, n) for r, c, n in ledger.alive_now()} == {(1, PARAMETERS, 1000), (2, INPUTS, 50)}
+    act = make(ledger, 3, 300, module=7)
+    temp = make(ledger, 4, 500, module=7)  # the peak: 1850
+    ledger.drop(temp, by_backward=False)
+    ledger.move(named, ACTIVATIONS)  # after the peak: its name went
+    settled = ledger.settle(lambda recs: [ledger.move(r, ACTIVATIONS) for r in recs], 1)
+    alive = {(r.key, c, n) for r, c, n in settled.alive_at_peak}
+    assert alive == {(1, PARAMETERS, 1000), (2, INPUTS, 50), (3, ACTIVATIONS, 300), (4, TEMPORARIES, 500)}
+    by_category = [0] * len(settled.at_peak)
+    for _, c, n in settled.alive_at_peak:
+        by_category[c] += n
+    assert tuple(by_category) == settled.at_peak and sum(by_category) == settled.peak == 1850
+    assert act.alive and [r.key for r, _, _ in ledger.alive_now()] == [1, 2, 3]

@@ -71,6 +71,8 @@ def test_real_cuda_oom_report_and_memory_comes_back(ip, run):
     assert t.oom.requested is not None and abs(t.oom.requested - ip.user_ns["too_much"]) < 64 * MiB
     assert t.oom.free is not None and t.oom.total == total
     assert "Out of memory on cuda:0" in r.html()
+    # it ends with the %%memfit line for this card (by the table's name, or its size)
+    assert t.oom.memfit.startswith(("%%memfit --gpu ", "%%memfit --memory ")), t.oom.memfit
     gc.collect()
     assert torch.cuda.memory_allocated() == baseline, "the failed cell's frames still hold GPU memory"
     r = run("%%memtrace -q\nok = torch.ones(8, device='cuda').sum().item()\n")

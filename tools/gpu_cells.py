@@ -367,6 +367,7 @@ def memtrace_oom(c: Cells) -> tuple[str, dict[str, Any]]:
     expect(oom.free is not None and 0 <= oom.free <= total, f"free {oom.free}")
     expect(oom.released is not None and oom.released >= 4 * GiB, f"released {oom.released}: the frame held 4 GiB")
     expect("Out of memory on cuda:0" in html, "no 'Out of memory on cuda:0' in the HTML report")
+    expect(oom.memfit.startswith(("%%memfit --gpu ", "%%memfit --memory ")), f"the report's %%memfit line: {oom.memfit!r}")
     gc.collect()
     now = torch.cuda.memory_allocated()
     expect(now == baseline, f"{now - baseline} bytes still allocated after the failed cell")
@@ -375,7 +376,7 @@ def memtrace_oom(c: Cells) -> tuple[str, dict[str, Any]]:
     detail = (
         f"asked {oom.requested / GiB:.0f} GiB of {total / GiB:.1f} GiB, free {oom.free / GiB:.1f} GiB; "
         f"released {oom.released / GiB:.1f} GiB with the frames; allocated back to baseline "
-        f"({baseline} bytes); the next cell ran"
+        f"({baseline} bytes); the next cell ran; offered: {oom.memfit}"
     )
     return detail, {"requested": oom.requested, "free": oom.free, "released": oom.released}
 

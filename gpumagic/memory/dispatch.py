@@ -84,6 +84,7 @@ class StorageMode(TorchDispatchMode):
                 kind = tracker.kinds.get(id(func))
                 if kind is None:
                     kind = tracker.kinds[id(func)] = output_kind(func)
+                    tracker.ops.append(func.__name__)
                 if kind != VIEW:
                     fresh = kind == FRESH
                     if type(out) is tracker.tensor_type:

@@ -16,6 +16,12 @@ Costs: an allocation or a free is a few list operations; the replay runs once pe
 that rose above its start, over that statement's own events. A statement making more than
 :data:`LOG_MAX` allocations (a whole training loop inside one call) folds its log: its
 peak's categories are then those known at the time (:attr:`Settled.approximate`).
+
+A ledger made with ``detail=True`` (``%%memfit``'s dry run, which wants its peak by module
+for parameters and optimizer state too, not only activations) also keeps the storages
+alive, and its replay names each storage alive at the peak with its category then
+(:attr:`Settled.alive_at_peak`): one more dict operation per allocation and a copy of the
+live set per statement, which ``%%memtrace`` does not pay.
 """
 
 from __future__ import annotations
@@ -88,21 +94,26 @@ class Settled:
     at_peak: tuple[int, ...] | None
     modules_at_peak: dict[int, int] | None
     approximate: bool = False
+    # with a detailed ledger: (record, its category then, its bytes) for every storage alive
+    # at the peak, adding up to ``at_peak``; None otherwise (and after a fold)
+    alive_at_peak: tuple[tuple[Record, int, int], ...] | None = None
 
 
 class EventLog:
-    """Allocations and frees in order, for a memory-visualiser export: ``records`` and
-    ``signs`` (+1, -1), at most :data:`EVENTS_MAX`, then ``dropped`` counts the rest.
-    Parallel lists rather than a tuple per event: each tuple would be one more object for
-    the garbage collector to visit, in a cell that makes thousands."""
+    """Allocations and frees in order, for a memory-visualiser export (and ``%%memfit``'s
+    model of CUDA's caching allocator): ``records`` and ``signs`` (+1, -1), at most
+    ``limit`` (:data:`EVENTS_MAX`), then ``dropped`` counts the rest. Parallel lists rather
+    than a tuple per event: each tuple would be one more object for the garbage collector
+    to visit, in a cell that makes thousands."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = EVENTS_MAX) -> None:
         self.records: list[Record] = []
         self.signs: list[int] = []
         self.dropped = 0
+        self.limit = limit
 
     def add(self, rec: Record, sign: int) -> None:
-        if len(self.signs) < EVENTS_MAX:
+        if len(self.signs) < self.limit:
             self.records.append(rec)
             self.signs.append(sign)
         else:
@@ -112,7 +123,7 @@ class EventLog:
 class Ledger:
     """Bytes alive by category, the open statement's peak, and its log (module docstring)."""
 
-    def __init__(self, events: EventLog | None = None) -> None:
+    def __init__(self, events: EventLog | None = None, *, detail: bool = False) -> None:
         self.totals = [0] * (PENDING + 1)
         self.current = 0
         self.peak = 0
@@ -131,6 +142,10 @@ class Ledger:
         self._start_modules: dict[int, int] = {}
         self._folded: tuple[int, tuple[int, ...], dict[int, int]] | None = None
         self._quiet: Settled | None = None  # what a statement that did nothing settles to
+        # detail=True: the storages alive (insertion-ordered set), and at the open
+        # statement's start with their categories then
+        self._alive: dict[Record, None] | None = {} if detail else None
+        self._start_alive: dict[Record, int] = {}
 
     # -- what the tracker reports --------------------------------------------------------------
     def add(self, rec: Record) -> None:
@@ -147,6 +162,8 @@ class Ledger:
             self.fresh.append(rec)
         if self.events is not None:
             self.events.add(rec, 1)
+        if self._alive is not None:
+            self._alive[rec] = None
         if self.current > self.peak:
             self.peak = self.current
             self._peak_at = len(self._log)
@@ -169,6 +186,8 @@ class Ledger:
         self._log_cat.append(cat)
         if self.events is not None:
             self.events.add(rec, -1)
+        if self._alive is not None:
+            self._alive.pop(rec, None)
         if cat == PENDING:
             # Its category for the replay: a forward pass's tensor that backward() let go was
             # held for it (an activation); anything else lived and died in its statement.
@@ -223,13 +242,16 @@ class Ledger:
             classify(survivors)
         at_peak: tuple[int, ...] | None = None
         modules: dict[int, int] | None = None
+        alive: tuple[tuple[Record, int, int], ...] | None = None
         approximate = False
         if self._peak_at > 0:
             at_peak, modules = self._replay(self._peak_at)
+            if self._alive is not None:
+                alive = self._replay_records(self._peak_at)
         elif self._folded is not None:
             _, at_peak, modules = self._folded
             approximate = True
-        settled = Settled(self.after(), self.peak, at_peak, modules, approximate)
+        settled = Settled(self.after(), self.peak, at_peak, modules, approximate, alive)
         self.begin(statement)
         self._quiet = Settled(settled.after, self.current, None, None)
         return settled
@@ -245,6 +267,8 @@ class Ledger:
         self._folded = None
         self._start = list(self.totals)
         self._start_modules = dict(self.by_module)
+        if self._alive is not None:
+            self._start_alive = {r: r.cat for r in self._alive}
         self.peak = self.current
 
     def _replay(self, upto: int) -> tuple[tuple[int, ...], dict[int, int]]:
@@ -259,6 +283,25 @@ class Ledger:
                 modules[rec.module] = modules.get(rec.module, 0) + n
         sums[TEMPORARIES] += sums[PENDING]
         return tuple(sums[:PENDING]), {k: v for k, v in modules.items() if v > 0}
+
+    def alive_now(self) -> tuple[tuple[Record, int, int], ...] | None:
+        """With ``detail``: every storage alive now, with its category and bytes."""
+        if self._alive is None:
+            return None
+        return tuple((r, TEMPORARIES if r.cat == PENDING else r.cat, r.nbytes) for r in self._alive)
+
+    def _replay_records(self, upto: int) -> tuple[tuple[Record, int, int], ...]:
+        """The storages alive at the log's position ``upto``, each with its category then
+        (by the same rule as :meth:`_replay`, so they add up to its sums) and its bytes."""
+        alive = {r: (c, r.nbytes) for r, c in self._start_alive.items()}
+        serial = self.serial
+        for rec, n, then in zip(self._log[:upto], self._log_n[:upto], self._log_cat[:upto]):
+            if n < 0:
+                alive.pop(rec, None)
+            else:
+                cat = rec.cat if rec.serial == serial else then
+                alive[rec] = (TEMPORARIES if cat == PENDING else cat, n)
+        return tuple((r, c, n) for r, (c, n) in alive.items())
 
     def _fold(self) -> None:
         """A statement with too many events: keep its peak's breakdown as known now and

@@ -26,6 +26,7 @@ from gpumagic.memory.device import (
     loaded_torch,
     tensor_filter,
 )
+from gpumagic.memory.fit.suggest import oom_memfit_line
 from gpumagic.memory.holders import Holder, frame_tensors, named_tensors, unnamed_tensor_bytes
 from gpumagic.memory.probes import CudaMemory, HostMemory, Reader, Reading
 from gpumagic.units import fmt_bytes
@@ -152,6 +153,9 @@ class OomReport:
     # gpumagic.memory.categories' order, and the activations alive by module, largest first.
     categories: tuple[int, ...] | None = None
     activations: list[tuple[str, int]] = field(default_factory=list)
+    # The %%memfit line that answers "what fits" (a dry run: nothing allocated, no GPU
+    # needed), the report's last word; "" when none was made.
+    memfit: str = ""
 
     @property
     def limit_note(self) -> str:
@@ -176,6 +180,25 @@ class OomReport:
         if ru is None or not self.reserved:
             return False
         return ru >= FRAGMENTATION_MIN_BYTES and ru >= FRAGMENTATION_SHARE * self.reserved
+
+
+def memfit_next(report: OomReport, sources: Sequence[str], namespace: Mapping[str, Any]) -> str:
+    """The ``%%memfit`` line for ``report``'s cell (its statements' ``sources``): the card
+    that ran out and the batch-size variable the cell reads (see
+    :func:`gpumagic.memory.fit.suggest.oom_memfit_line`)."""
+    torch = loaded_torch()
+    try:
+        gpu_here = bool(torch is not None and torch.cuda.is_available())
+        return oom_memfit_line(
+            cuda=report.device != HOST,
+            device=report.device,
+            total=report.total,
+            sources=sources,
+            namespace=namespace,
+            gpu_here=gpu_here,
+        )
+    except Exception:  # a next step is no reason to lose the report (a user's odd namespace)
+        return ""
 
 
 def _short(exc: BaseException) -> str:

@@ -22,7 +22,7 @@ from gpumagic.cell import Statement, error_text
 from gpumagic.device_kinds import CUDA, HOST
 from gpumagic.memory.device import TracedDevice, cpu_tensors, cuda_device, resolve_device
 from gpumagic.memory.holders import ModelMemory
-from gpumagic.memory.oom import is_oom, post_mortem
+from gpumagic.memory.oom import is_oom, memfit_next, post_mortem
 from gpumagic.memory.probes import CudaMemory, HostMemory, Reader, allocator_backend_note
 from gpumagic.memory.report import MemTrace
 from gpumagic.memory.tracer import MemoryTracer, Timeline, TraceTotals
@@ -147,6 +147,8 @@ class MemtraceRun:
             oom = found.report
             if oom is not None and failure is not None:
                 oom.categories, oom.activations = failure
+            if oom is not None:
+                oom.memfit = memfit_next(oom, [s.source for s in self.statements], self.namespace)
             after = found.traced_after_release
             if after is not None:  # the cell's net change, once the failed call let go
                 totals = totals.after_release(after.current, after.reserved)

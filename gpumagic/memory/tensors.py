@@ -40,7 +40,7 @@ from __future__ import annotations
 import sys
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import FrameType
 from typing import Any
 
@@ -115,6 +115,9 @@ class TensorTracker:
     the allocator's granularity (CUDA's caching allocator hands out multiples of 512 bytes;
     1 on the CPU). ``tensor_type``: the tensors counted (plain ``torch.Tensor``; a dry run
     passes ``FakeTensor``), subclasses' own wrappers being no memory of their own.
+    ``models``: (name, module or optimizer) pairs beyond those the namespace names, counted
+    as if it named them (a dry run passes what its deeper walk finds: a trainer's
+    ``.model``); ``ledger``: one configured by the caller (a dry run's keeps detail).
 
     :meth:`start` registers what is alive and installs the mode and the hooks; :meth:`settle`
     ends a statement; :meth:`stop` removes the mode and the hooks (frees are still counted);
@@ -129,13 +132,17 @@ class TensorTracker:
         rounding: int = 1,
         tensor_type: type | None = None,
         events: bool = True,
+        models: Sequence[tuple[str, Any]] = (),
+        ledger: Ledger | None = None,
     ) -> None:
         self.namespace = namespace
         self.keep = keep
         self.rounding = rounding
         self.tensor_type = tensor_type or _Tensor
-        self.ledger = Ledger(EventLog() if events else None)
+        self.ledger = ledger if ledger is not None else Ledger(EventLog() if events else None)
+        self.models = list(models)
         self.kinds: dict[int, int] = {}  # id(OpOverload) -> FRESH, VIEW or MUTATED
+        self.ops: list[str] = []  # each op's name, when first seen (in kinds)
         self._cpu_only = keep is on_cpu  # the common case, tested inline on the hot path
         self.active = False
         self.unseen = 0  # mutated outputs whose storage was never seen (made out of sight)
@@ -158,9 +165,13 @@ class TensorTracker:
         self._known_models: set[int] = set()
 
     # -- lifecycle -----------------------------------------------------------------------------
-    def start(self) -> None:
-        """Register what is alive now, then install the mode and the hooks."""
+    def start(self, also: Iterable[tuple[Any, int]] = ()) -> None:
+        """Register what is alive now, then install the mode and the hooks. ``also``:
+        (tensor, category) the caller knows the cell is given beyond what the namespace
+        reaches (registered after it, so the namespace's categories win)."""
         self._register_existing()
+        for t, cat in also:
+            self._existing(t, cat)
         self.ledger.begin(-1)
         skip_in_dynamo(f for f in vars(TensorTracker).values() if callable(f))
         from torch.optim import optimizer as optim
@@ -238,6 +249,18 @@ class TensorTracker:
         self._refs[key] = ref
         self._by_ref[id(ref)] = rec
         ledger.add(rec)
+
+    def adopt(self, t: Any) -> None:
+        """Count ``t`` from now on, made now, if ``keep`` takes it now and it is not counted:
+        a dry run without a GPU relabels a CPU tensor CUDA when it meets CUDA tensors
+        (``torch.arange(n, device=x.device)`` reads the fake's CPU device)."""
+        if (
+            self.active
+            and issubclass(type(t), self.tensor_type)
+            and self.keep(t)
+            and t.untyped_storage()._cdata not in self._live
+        ):
+            self.see(t, True)
 
     def _size(self, nbytes: int) -> int:
         r = self.rounding
@@ -420,7 +443,7 @@ class TensorTracker:
         """Parameters, buffers, gradients and optimizer state of every model and optimizer
         the namespace names or the cell stepped: each becomes its category."""
         classify = self._classify_tensor
-        modules, optimizers = models_in(self.namespace)
+        modules, optimizers = self.reached_models()
         self._known_models = {id(m) for m in (*modules, *optimizers)}
         for ref in self._optimizers:
             opt = ref()
@@ -445,7 +468,7 @@ class TensorTracker:
 
     # -- what was alive at the start -----------------------------------------------------------
     def _register_existing(self) -> None:
-        modules, optimizers = models_in(self.namespace)
+        modules, optimizers = self.reached_models()
         self._known_models = {id(m) for m in (*modules, *optimizers)}
         for m in modules:
             for p in m.parameters():
@@ -492,12 +515,21 @@ class TensorTracker:
         self._track(st, rec)
         return rec
 
+    def reached_models(self, with_names: bool = False) -> tuple[list[Any], list[Any]]:
+        """The namespace's models and optimizers, then those given as ``models``."""
+        modules, optimizers = models_in(self.namespace, with_names)
+        module_t = torch.nn.Module
+        for name, value in self.models:
+            found = modules if issubclass(type(value), module_t) else optimizers
+            found.append((name, value) if with_names else value)
+        return modules, optimizers
+
     # -- names -----------------------------------------------------------------------------------
     def module_names(self) -> dict[int, str]:
         """Module token -> its name as the namespace names it (``model.layer3.0.conv1``);
         a module no name reaches is named by its class."""
         names: dict[int, str] = {}
-        modules, _ = models_in(self.namespace, with_names=True)
+        modules, _ = self.reached_models(with_names=True)
         for name, module in modules:
             try:
                 for sub, child in module.named_modules():

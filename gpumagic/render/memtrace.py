@@ -236,6 +236,15 @@ def oom_section(report: OomReport) -> Box:
     if report.holders or report.unnamed_count:
         sections += [Paragraph("Largest live tensors:", "plain"), _holders_table(report)]
     sections.append(Bullets("What to try", report.advice))
+    if report.memfit:
+        sections.append(
+            Paragraph(
+                "What fits, predicted by a dry run before running it again (nothing "
+                f"allocated, no GPU needed), with this line on top of the cell: {report.memfit}",
+                "plain",
+                css="gm-memfit-next",
+            )
+        )
     return Box(sections, css="gm-oom")
 
 

@@ -1,22 +1,39 @@
-"""What a dry run needs from a tensor-accounting engine, said once as a narrow interface.
+"""A dry run counted by issue 16's tensor census (:mod:`gpumagic.memory.tensors`), the engine
+``%%memtrace`` counts with, and its answer in ``%%memfit``'s terms.
 
-``%%memfit`` runs a cell on fake tensors and asks one question of the accounting: *run this
-callable; tell me the peak, what was alive at the peak by category and by module, and which
-statement was running then.* :class:`TensorAccounting` is that question; :class:`Accounting`
-its answer. The engine behind it (today :class:`~.storage_tracker.StorageTracker`) may count
-real tensors or fake ones alike: a storage is a storage.
+``%%memfit`` asks one question of the accounting: *run this cell; tell me the peak, what
+was alive at the peak by category and by module, and which statement was running then.*
+:func:`account` runs a callable under a :class:`~gpumagic.memory.tensors.TensorTracker`,
+settling the census at each statement boundary (it is the probe the instrumented cell
+calls), and keeps the highest moment; :class:`Accounting` is the answer. The census runs
+alike on real tensors (:mod:`.measure`, the reference a prediction is checked against) and
+on ``FakeTensorMode``'s (:mod:`.dry_run`).
 
-The categories are the out-of-memory chapter's: parameters (buffers included), gradients,
-optimizer state, activations (tensors autograd saved for backward), temporaries (everything
-else the cell's operations made) and inputs (tensors the cell was given or made from data
-outside any model: the batch, the labels).
+What a dry run gives the census beyond ``%%memtrace``'s settings: its shadow namespace (so
+parameters, gradients and optimizer state are told by what owns them, and modules named as
+the user names them), the models and tensors that namespace holds deeper than the census
+looks (:mod:`.deeper`), which tensors count (``keep``: without a GPU, those labelled CUDA
+once the cell puts any there), CUDA's 512-byte rounding, and a ledger that keeps detail:
+each storage alive at the peak with its category then, so parameters, gradients and
+optimizer state are given by module as well as activations, and the ordered allocations
+for the model of CUDA's caching allocator.
+
+The categories are the census's (:mod:`gpumagic.memory.categories`) under ``%%memfit``'s
+keys; the census's "other" (tensors nothing names: an object's attribute, a long list) is
+split by birth: what the cell was given counts as inputs, what it made as temporaries.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
+
+from gpumagic.cell import Probe
+from gpumagic.memory import categories as census_categories
+from gpumagic.memory.fit.deeper import deeper
+from gpumagic.memory.ledger import EARLIER, EventLog, Ledger, Record, Settled
+from gpumagic.memory.tensors import TensorTracker, on_cpu
 
 PARAMETERS = "parameters"
 GRADIENTS = "gradients"
@@ -26,27 +43,31 @@ TEMPORARIES = "temporaries"
 INPUTS = "inputs"
 # In the order a report lists them; the same names are the keys of Accounting.categories.
 CATEGORIES = (PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, TEMPORARIES, INPUTS)
+# The census's category numbers, in its order, as memfit's keys (OTHER is split by birth).
+_KEYS = (PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, TEMPORARIES, INPUTS, TEMPORARIES)
+# Allocations and frees kept for the allocator's model: far beyond a training step's
+# thousands; past it the model sees a prefix and says so.
+TRACE_MAX = 1 << 22
 
 
 @dataclass
 class AccountingScope:
-    """What the engine is told about the run.
+    """What the census is told about the run.
 
-    ``namespace``: the names the cell sees, so that parameters, gradients and optimizer
-    state are recognised and modules are named as the namespace names them
-    (``model.layer1.0.conv1``). ``statement``: the index of the statement running now (-1
-    before the first). ``round_to``: the allocation granularity every storage is rounded up
-    to (512 bytes for CUDA's caching allocator, 1 for the exact bytes). ``device_of``: the
-    device label of a tensor as the run should count it (a dry run without a GPU labels the
-    tensors a GPU run would hold "cuda" although they are fake CPU tensors); ``counted``: the
-    labels whose storages count, chosen after the run from the labels seen.
+    ``namespace``: the names the cell runs in. ``keep``: which tensors count (the census's
+    predicate; the CPU's by default). ``rounding``: the allocation granularity every storage
+    is rounded up to (512 bytes for CUDA's caching allocator, 1 for the exact bytes).
+    ``tensor_type``: the tensors counted (``FakeTensor`` in a dry run). ``probe``: the
+    caller's own probe, called after each boundary is settled (a dry run's clock).
+    ``device``: what the counted tensors stand for ("cuda", "cpu"), for the report.
     """
 
-    namespace: Mapping[str, object]
-    statement: Callable[[], int] = lambda: -1
-    round_to: int = 1
-    device_of: Callable[[Any], object] | None = None  # a label: str() gives its name when the run ends
-    counted: Callable[[set[str]], set[str]] = lambda seen: seen
+    namespace: Mapping[str, Any]
+    keep: Callable[[Any], bool] = on_cpu
+    rounding: int = 1
+    tensor_type: type | None = None
+    probe: Probe | None = None
+    device: str = "cpu"
 
 
 @dataclass
@@ -57,8 +78,9 @@ class Accounting:
     as the namespace names it ("" for tensors no module made or owns). ``peak_statement``:
     the index of the statement running when the peak was reached (-1: before the cell, when
     the peak is what the cell was given). ``start_bytes`` / ``end_bytes``: counted bytes
-    alive before the first statement and after the last. ``devices``: the device labels
-    whose tensors were counted.
+    alive before the first statement and after the last. ``devices``: what the counted
+    tensors stand for. ``trace``: the counted allocations in order, (storage, +bytes) and
+    (storage, -bytes), for the caching allocator's model. ``ops``: the aten operations run.
     """
 
     peak_bytes: int
@@ -69,18 +91,179 @@ class Accounting:
     end_bytes: int
     devices: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
-    # The counted allocations in order, (storage key, +bytes) and (key, -bytes), for the
-    # caching allocator's model; None when the engine does not keep them.
     trace: list[tuple[int, int]] | None = None
-    ops: dict[str, int] = field(default_factory=dict)
+    ops: set[str] = field(default_factory=set)
 
 
-class TensorAccounting(Protocol):
-    """An engine that runs ``fn`` under accounting. Returns the accounting and the exception
-    ``fn`` raised (None when it returned): a partial accounting is still an answer. An
-    interrupt (``BaseException`` that is no ``Exception``) propagates once the engine's hooks
-    are removed."""
+def account(fn: Callable[[CensusProbe], object], scope: AccountingScope) -> tuple[Accounting, Exception | None]:
+    """Run ``fn(probe)`` under the census (``fn`` runs the cell with ``probe`` as its
+    statements' probe). Returns the accounting and the exception ``fn`` raised (None when it
+    returned): a partial accounting is still an answer. An interrupt (a ``BaseException``
+    that is no ``Exception``) propagates once the census's mode and hooks are removed."""
+    found = deeper(scope.namespace)
+    census = TensorTracker(
+        scope.namespace,
+        scope.keep,
+        rounding=scope.rounding,
+        tensor_type=scope.tensor_type,
+        models=found.models,
+        ledger=Ledger(EventLog(TRACE_MAX), detail=True),
+    )
+    run = CensusProbe(census, scope.probe)
+    error: Exception | None = None
+    try:
+        census.start(also=[(t, census_categories.OTHER) for t in found.tensors])
+        run.begin()
+        try:
+            fn(run)
+        except Exception as exc:  # the cell's error: the accounting so far still answers
+            error = exc
+        run.close()
+        census.stop()
+        return run.result(scope.device), error
+    finally:
+        census.close()  # stops it too, whatever stopped the run
 
-    def __call__(
-        self, fn: Callable[[], object], scope: AccountingScope
-    ) -> tuple[Accounting, Exception | None]: ...
+
+class CensusProbe:
+    """The probe: settles the census at each statement boundary and keeps the highest
+    moment, with what was alive then and who owned it."""
+
+    def __init__(self, census: TensorTracker, inner: Probe | None) -> None:
+        self.census = census
+        self.inner = inner
+        self.open = -1
+        self.started = False
+        self.start_bytes = 0
+        self.peak = -1
+        self.peak_statement = -1
+        self.at_peak: tuple[int, ...] = ()
+        self.alive: tuple[tuple[Record, int, int], ...] | None = None
+        self.owners: dict[int, str] = {}
+
+    def begin(self) -> None:
+        """What the cell was given: the first moment, before its first statement."""
+        self._took(self.census.settle(-1))
+
+    def enter(self, index: int) -> None:
+        self._took(self.census.settle(index))
+        self.open = index
+        if self.inner is not None:
+            self.inner.enter(index)
+
+    def close(self) -> None:
+        self._took(self.census.settle(-1))
+        self.open = -1
+
+    def _took(self, settled: Settled) -> None:
+        """A statement ended (``self.open``; -1: what the cell was given, settled at the
+        first boundary)."""
+        if not self.started:
+            self.started = True
+            self.start_bytes = sum(settled.after)
+            self._new_peak(settled.peak, settled.after, self.census.ledger.alive_now())
+        elif settled.peak > self.peak:
+            cats = settled.at_peak if settled.at_peak is not None else settled.after
+            self._new_peak(settled.peak, cats, settled.alive_at_peak)
+
+    def _new_peak(self, peak: int, cats: tuple[int, ...], alive: tuple[tuple[Record, int, int], ...] | None) -> None:
+        self.peak = peak
+        self.peak_statement = self.open
+        self.at_peak = cats
+        self.alive = alive
+        # who owns the parameters, gradients and optimizer state alive now (their storages
+        # are the keys while they live)
+        try:
+            self.owners = owners(self.census)
+        except Exception:  # a user's model that cannot be walked: its rows go unnamed
+            self.owners = {}
+
+    def result(self, device: str) -> Accounting:
+        census = self.census
+        categories = dict.fromkeys(CATEGORIES, 0)
+        by_module: dict[tuple[str, str], int] = {}
+        if self.alive is not None:
+            names = census.module_names()
+            for rec, cat, n in self.alive:
+                if n <= 0:
+                    continue
+                key = _key(cat, rec)
+                categories[key] += n
+                module = self.owners.get(rec.key, "") if cat <= census_categories.OPTIMIZER else ""
+                if rec.module:
+                    module = names.get(rec.module, "")
+                by_module[(module, key)] = by_module.get((module, key), 0) + n
+        else:  # a statement too long to replay: its categories as known at the time
+            for cat, n in enumerate(self.at_peak):
+                categories[_KEYS[cat]] += n
+                by_module[("", _KEYS[cat])] = by_module.get(("", _KEYS[cat]), 0) + n
+        modules = sorted(((m, c, b) for (m, c), b in by_module.items() if b > 0), key=lambda r: -r[2])
+        events = census.ledger.events
+        trace = None
+        if events is not None:
+            trace = [(id(rec), sign * rec.nbytes) for rec, sign in zip(events.records, events.signs)]
+        return Accounting(
+            peak_bytes=max(self.peak, 0),
+            categories=categories,
+            modules=modules,
+            peak_statement=self.peak_statement,
+            start_bytes=self.start_bytes,
+            end_bytes=census.ledger.current,
+            devices={device},
+            notes=_notes(census),
+            trace=trace,
+            ops=set(census.ops),
+        )
+
+
+def _key(cat: int, rec: Record) -> str:
+    if cat == census_categories.OTHER:
+        return INPUTS if rec.born == EARLIER else TEMPORARIES
+    return _KEYS[cat]
+
+
+def owners(census: TensorTracker) -> dict[int, str]:
+    """Storage key -> the module that owns it, for the parameters, buffers, gradients and
+    optimizer state of the models and optimizers the census counts."""
+    out: dict[int, str] = {}
+    param_owner: dict[int, str] = {}
+    modules, optimizers = census.reached_models(with_names=True)
+    for name, model in modules:
+        for sub, m in model.named_modules(prefix=name):
+            for t in (*m._parameters.values(), *m._buffers.values()):
+                if t is None:
+                    continue
+                param_owner.setdefault(id(t), sub)
+                out.setdefault(t.untyped_storage()._cdata, sub)
+                if t.grad is not None:
+                    out.setdefault(t.grad.untyped_storage()._cdata, sub)
+    for _, opt in optimizers:
+        for p, state in list(opt.state.items()):
+            owner = param_owner.get(id(p), "")
+            for value in state.values() if isinstance(state, dict) else ():
+                if hasattr(value, "untyped_storage"):
+                    out.setdefault(value.untyped_storage()._cdata, owner)
+    return out
+
+
+def _notes(census: TensorTracker) -> list[str]:
+    notes = [
+        f"the tensor census stopped: its own code failed ({error}); the figures after that "
+        "point are incomplete"
+        for error in census.errors
+    ]
+    if census.unseen:
+        notes.append(
+            f"{census.unseen} operation(s) wrote into tensors made where the census could not "
+            "see them: they are not counted"
+        )
+    events = census.ledger.events
+    if events is not None and events.dropped:
+        notes.append(
+            f"the caching allocator's model saw the first {len(events.signs):,} allocations "
+            f"and frees of {len(events.signs) + events.dropped:,}: its fragmentation is a lower bound"
+        )
+    return notes
+
+
+__all__ = ["CATEGORIES", "Accounting", "AccountingScope", "CensusProbe", "account", "owners"]

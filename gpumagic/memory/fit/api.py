@@ -90,11 +90,17 @@ def predict(prepared: PreparedCell, user_ns: dict[str, Any], opts: FitOptions) -
             base_overrides[var] = value
         batch_base = (var, value)
 
+    counted: dict[str, str] = {}  # the main run's answer to which tensors count, for the rest
+
     def run(**kw: Any) -> DryRun:
         overrides = {**base_overrides, **kw.pop("overrides", {})}
-        return dry_run(prepared, user_ns, hidden=opts.hidden, overrides=overrides, timeout_s=opts.timeout_s, **kw)
+        return dry_run(
+            prepared, user_ns, hidden=opts.hidden, overrides=overrides, timeout_s=opts.timeout_s,
+            count=counted.get("count"), **kw,
+        )
 
     main = run()
+    counted["count"] = main.counted
     lines = _headroom(main, target)
     acc = main.accounting
     fit = MemFit(

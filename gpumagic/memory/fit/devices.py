@@ -86,6 +86,9 @@ class DeviceMap:
         self._labels: dict[int, tuple[weakref.ref[Any], DeviceLabel]] = {}
         self._forced: list[str | None] = [None]
         self.mismatches = 0  # CPU tensors relabelled "cuda" because they met CUDA ones
+        self.cuda_made = False  # a tensor was labelled "cuda": the cell puts tensors there
+        # told of each tensor relabelled "cuda" (the census counts it from then on)
+        self.relabelled: Callable[[torch.Tensor], None] | None = None
 
     # -- labels ------------------------------------------------------------------------------
     def label(self, t: torch.Tensor) -> DeviceLabel:
@@ -123,9 +126,13 @@ class DeviceMap:
                 if lab.name == HOST and t.dim() > 0:
                     lab.name = CUDA
                     self.mismatches += 1
+                    if self.relabelled is not None:
+                        self.relabelled(t)
         name = forced or (CUDA if cuda_in else None)
         if name is None:
             return
+        if name == CUDA:
+            self.cuda_made = True
         input_ids = {id(s) for s in map(storage_of, inputs) if s is not None}
         for t in tensors_in(out):
             st = storage_of(t)

@@ -14,6 +14,14 @@ the shadow as its namespace, its statements marked by the same probe hooks as
 Paths that would abort the process on this build are never taken: without a GPU no fake
 CUDA tensor is made (``.cuda()`` and ``device="cuda"`` become labelled CPU tensors), and
 torch's ``RuntimeEstimator`` (which asserts CUDA and dies through C++) is not used.
+
+Which tensors count (the census's ``keep``): a GPU run's CUDA memory. A cell that puts
+tensors on CUDA has only those counted; a cell that puts none there (it picks its device
+at run time, ``"cuda" if torch.cuda.is_available() else "cpu"``, and runs on the CPU here)
+has every tensor counted. Which of the two a cell is shows only when it runs, so a first dry
+run counts every tensor and stops at the first statement boundary after the cell made a
+CUDA tensor, and the run is made again counting CUDA's (nothing was on CUDA before that
+moment). The answer holds for the cell's later dry runs (``--batch``, ``--what-if``).
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from gpumagic.cell import PreparedCell, execute
-from gpumagic.memory.fit.accounting import Accounting, AccountingScope, TensorAccounting
+from gpumagic.memory.fit.accounting import Accounting, AccountingScope, CensusProbe, account
 from gpumagic.memory.fit.answers import Answers, NeedsValues, ValueAnswers, ValueFunctions
 from gpumagic.memory.fit.devices import (
     CUDA,
@@ -45,28 +53,39 @@ from gpumagic.memory.fit.shadow import (
     kept_global_state,
     referenced_names,
 )
-from gpumagic.memory.fit.storage_tracker import StorageTracker
+from gpumagic.memory.tensors import on_cpu
 
 CUDA_ROUNDING = 512  # bytes: c10/cuda/CUDACachingAllocator.cpp kMinBlockSize, every block a multiple
 DEFAULT_TIMEOUT_S = 120.0
+
+
+ALL = "all"  # every tensor counts: the cell puts none on CUDA
 
 
 class DryRunTimeout(RuntimeError):
     """The dry run ran past its time limit."""
 
 
-class _Clock:
-    """The probe: which statement runs now; the time limit, checked at each statement and,
-    through :class:`_Deadline`, at each operation."""
+class _CudaFound(BaseException):
+    """A dry run counting every tensor met a CUDA one: made again counting CUDA's. A
+    ``BaseException``, so that the cell's own ``except Exception`` lets it through."""
 
-    def __init__(self, timeout_s: float) -> None:
+
+class _Clock:
+    """Which statement runs now; the time limit, checked at each statement and at each
+    operation (:class:`~.answers.ValueAnswers`); ``stop_if``: checked at each statement."""
+
+    def __init__(self, timeout_s: float, stop_if: Callable[[], bool] | None = None) -> None:
         self.current = -1
         self.deadline = time.monotonic() + timeout_s
         self.timeout_s = timeout_s
+        self.stop_if = stop_if
 
     def enter(self, index: int) -> None:
         self.current = index
         self.check()
+        if self.stop_if is not None and self.stop_if():
+            raise _CudaFound
 
     def check(self) -> None:
         if time.monotonic() > self.deadline:
@@ -103,6 +122,8 @@ class DryRun:
     rebound: list[str] = field(default_factory=list)
     relabelled: int = 0
     changes: list[str] = field(default_factory=list)  # what a what-if changed
+    counted: str = ALL  # which tensors counted: CUDA's, or ALL
+    cuda_made: bool = False  # the cell made a CUDA tensor
 
 
 Transform = Callable[[Shadow], list[str]]  # changes the shadow, says what it changed
@@ -118,20 +139,46 @@ def dry_run(
     autocast: torch.dtype | None = None,
     round_to: int = CUDA_ROUNDING,
     timeout_s: float = DEFAULT_TIMEOUT_S,
-    engine: TensorAccounting | None = None,
+    count: str | None = None,
 ) -> DryRun:
     """Run ``prepared`` on fake tensors in a shadow of ``user_ns`` (see the module docstring).
 
     ``overrides``: names set in the shadow after it is built (``--batch``); ``transform``: a
     what-if's change to the shadow; ``autocast``: run the cell under ``torch.autocast`` with
-    this dtype; ``engine``: the accounting (default :class:`StorageTracker`).
+    this dtype; ``count``: which tensors count, CUDA's or :data:`ALL` (None: found out, see
+    the module docstring; :attr:`DryRun.counted` says which).
     """
+    args = (prepared, user_ns, hidden, overrides, transform, autocast, round_to, timeout_s)
+    if count is None:
+        try:
+            run = _dry_run(*args, ALL, stop_on_cuda=True)
+            if not run.cuda_made:
+                return run
+        except _CudaFound:
+            pass
+        count = CUDA
+    return _dry_run(*args, count)
+
+
+def _dry_run(
+    prepared: PreparedCell,
+    user_ns: dict[str, Any],
+    hidden: set[str] | frozenset[str],
+    overrides: Mapping[str, Any] | None,
+    transform: Transform | None,
+    autocast: torch.dtype | None,
+    round_to: int,
+    timeout_s: float,
+    count: str,
+    stop_on_cuda: bool = False,
+) -> DryRun:
     start = time.perf_counter()
     on_gpu = torch.cuda.is_available()
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    clock = _Clock(timeout_s)
-    answers = Answers(clock.statement)
     devices = None if on_gpu else DeviceMap()
+    keep, cuda_made = _counting(count, devices)
+    clock = _Clock(timeout_s, cuda_made if stop_on_cuda else None)
+    answers = Answers(clock.statement)
     out = io.StringIO()
     rebound: list[str] = []
     changes: list[str] = []
@@ -143,14 +190,15 @@ def dry_run(
             changes = transform(shadow)
         scope = AccountingScope(
             namespace=shadow.namespace,
-            statement=clock.statement,
-            round_to=round_to,
-            device_of=(lambda t: devices.label(t)) if devices is not None else None,
-            counted=_counted,
+            keep=keep,
+            rounding=round_to,
+            tensor_type=FakeTensor,
+            probe=clock,
+            device=CUDA if count == CUDA else "cpu",
         )
-        run = _runner(prepared, shadow, clock, autocast, on_gpu)
+        run = _runner(prepared, shadow, autocast, on_gpu, devices)
         with _modes(fake_mode, answers, devices, clock):
-            accounting, error = (engine or StorageTracker())(run, scope)
+            accounting, error = account(run, scope)
         copied, as_is = list(shadow.copied), list(shadow.as_is)
         del shadow, run, scope
     error_statement = getattr(error, "statement", clock.current) if error is not None else -1
@@ -167,25 +215,47 @@ def dry_run(
         rebound=rebound,
         relabelled=devices.mismatches if devices is not None else 0,
         changes=changes,
+        counted=count,
+        cuda_made=cuda_made(),
     )
 
 
-def _counted(seen: set[str]) -> set[str]:
-    """The tensors a GPU would hold: those labelled CUDA when the cell put any there, else
-    every tensor (a cell that picks its device at run time, ``"cuda" if
-    torch.cuda.is_available() else "cpu"``, runs on the CPU here)."""
-    return {CUDA} if CUDA in seen else seen
+def _counting(count: str, devices: DeviceMap | None) -> tuple[Callable[[Any], bool], Callable[[], bool]]:
+    """The census's ``keep`` for ``count``, and whether the cell has made a CUDA tensor so
+    far. Without a GPU, the device labels say (:mod:`.devices`); fake tensors are all CPU
+    tensors then, and :func:`~gpumagic.memory.tensors.on_cpu` is the census's fast path."""
+    if devices is not None:
+        if count == CUDA:
+            return devices.is_cuda, lambda: devices.cuda_made
+        return on_cpu, lambda: devices.cuda_made
+    if count == CUDA:
+        return (lambda t: bool(t.is_cuda)), lambda: True
+    made = [False]
+
+    def keep(t: Any) -> bool:
+        kind = t.device.type
+        if kind == "cuda":
+            made[0] = True
+        return bool(kind != "meta")
+
+    return keep, lambda: made[0]
 
 
 def _runner(
-    prepared: PreparedCell, shadow: Shadow, clock: _Clock, autocast: torch.dtype | None, on_gpu: bool
-) -> Callable[[], object]:
-    def run() -> object:
+    prepared: PreparedCell, shadow: Shadow, autocast: torch.dtype | None, on_gpu: bool, devices: DeviceMap | None
+) -> Callable[[CensusProbe], object]:
+    def run(probe: CensusProbe) -> object:
         ctx: Any = contextlib.nullcontext()
         if autocast is not None:
             ctx = torch.autocast("cuda" if on_gpu else "cpu", dtype=autocast)
-        with ctx:
-            return execute(_Namespace(shadow.namespace), prepared, clock)
+        if devices is not None:
+            devices.relabelled = probe.census.adopt
+        try:
+            with ctx:
+                return execute(_Namespace(shadow.namespace), prepared, probe)
+        finally:
+            if devices is not None:
+                devices.relabelled = None
 
     return run
 
@@ -226,4 +296,4 @@ def _captured(out: io.StringIO) -> Iterator[None]:
         yield
 
 
-__all__ = ["DryRun", "DryRunTimeout", "NeedsValues", "dry_run"]
+__all__ = ["ALL", "DryRun", "DryRunTimeout", "NeedsValues", "dry_run"]

@@ -1,7 +1,8 @@
-"""The same accounting on real tensors: a cell run for real in a namespace, counted by the
-engine a dry run uses. What a prediction is checked against on the CPU (the tests, the
-benchmark) until issue 16's exact accounting is the reference: the difference between the
-two is then only what fake execution changes."""
+"""The measured exact peak: a cell run for real in a namespace, counted by issue 16's tensor
+census (the accounting ``%%memtrace`` reports, exact bytes on the CPU), through the same
+:func:`~.accounting.account` a dry run uses. What a prediction is checked against on the CPU
+(the tests, the benchmark): the difference between the two is only what fake execution and
+CUDA's 512-byte rounding change."""
 
 from __future__ import annotations
 
@@ -10,17 +11,8 @@ from typing import Any
 
 import torch
 
-from gpumagic.cell import PreparedCell, execute
-from gpumagic.memory.fit.accounting import Accounting, AccountingScope, TensorAccounting
-from gpumagic.memory.fit.storage_tracker import StorageTracker
-
-
-class _Probe:
-    def __init__(self) -> None:
-        self.current = -1
-
-    def enter(self, index: int) -> None:
-        self.current = index
+from gpumagic.cell import PreparedCell, Probe, execute
+from gpumagic.memory.fit.accounting import Accounting, AccountingScope, account
 
 
 class _Namespace:
@@ -35,19 +27,17 @@ def measure(
     *,
     autocast: torch.dtype | None = None,
     round_to: int = 1,
-    engine: TensorAccounting | None = None,
 ) -> Accounting:
     """Run ``prepared`` for real in ``namespace`` (which it changes, as running the cell
-    would) and return its accounting; the cell's exception propagates."""
-    probe = _Probe()
+    would) and return the census's accounting of the CPU's tensors; the cell's exception
+    propagates."""
 
-    def run() -> object:
+    def run(probe: Probe) -> object:
         ctx: Any = torch.autocast("cpu", dtype=autocast) if autocast is not None else contextlib.nullcontext()
         with ctx:
             return execute(_Namespace(namespace), prepared, probe)
 
-    scope = AccountingScope(namespace, statement=lambda: probe.current, round_to=round_to)
-    accounting, error = (engine or StorageTracker())(run, scope)
+    accounting, error = account(run, AccountingScope(namespace, rounding=round_to))
     if error is not None:
         raise error
     return accounting

@@ -18,6 +18,7 @@ Each change is made to the shadow only; what it changed is said in words for the
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Callable, Mapping
@@ -27,10 +28,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from gpumagic.memory.fit.answers import Answers, ValueAnswers
 from gpumagic.memory.fit.shadow import Shadow
+from gpumagic.memory.fit.suggest import batch_variable
 
 FIXES = ("amp", "checkpoint", "sgd", "adafactor", "set_to_none", "batch")
-BATCH_NAMES = ("batch_size", "BATCH_SIZE", "bs", "batch", "BATCH", "B")
 
 
 @dataclass
@@ -74,18 +76,13 @@ def make_fix(name: str, batch: tuple[str, int] | None, names_read: set[str], nam
         return Fix(name, transform=zero_grad_to_none)
     if name == "batch":
         if batch is None:
-            found = [n for n in BATCH_NAMES if n in names_read and _is_count(namespace.get(n))]
-            if not found:
+            batch = batch_variable(names_read, namespace)
+            if batch is None:
                 return Fix(name, unavailable="give --batch VAR=... (no batch-size variable found in the cell)")
-            batch = (found[0], int(namespace[found[0]]))
         var, value = batch
         half = max(1, value // 2)
         return Fix(name, overrides={var: half}, changed=f"{var} = {half} (was {value})")
     raise ValueError(f"unknown fix {name!r}")
-
-
-def _is_count(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x > 1
 
 
 # -- the shadow's models and optimizers --------------------------------------------------------
@@ -163,7 +160,13 @@ def swap_optimizers(shadow: Shadow, kind: str) -> list[str]:
             what = "Adafactor"
         swapped[id(opt)] = new
         shadow.namespace[name] = new
-        changed.append(f"{name}: {type(opt).__name__} replaced by {what}, state dropped")
+        warmed = _warm_like(new, opt)
+        state = (
+            f"its state as after a step for the {warmed} parameters the old one held state for"
+            if warmed
+            else "no state yet (the old one held none)"
+        )
+        changed.append(f"{name}: {type(opt).__name__} replaced by {what}, {state}")
     if swapped:  # objects that hold the optimizer (a trainer, a scheduler) get the new one
         for value in list(shadow.namespace.values()):
             attrs = getattr(value, "__dict__", None)
@@ -172,6 +175,34 @@ def swap_optimizers(shadow: Shadow, kind: str) -> list[str]:
                     if id(held) in swapped:
                         attrs[key] = swapped[id(held)]
     return changed
+
+
+def _warm_like(new: torch.optim.Optimizer, old: torch.optim.Optimizer) -> int:
+    """Give ``new`` the state it would hold in the steady state ``old`` is in: one step with
+    zero gradients on the parameters ``old`` holds state for (the shadow's fake parameters,
+    so nothing real moves). Without it a swap in the middle of training would compare Adam's
+    standing state with an SGD that has not made its momentum yet, and overstate the saving
+    by the whole of Adam's state. Returns how many parameters were warmed."""
+    held = [p for g in old.param_groups for p in g["params"] if old.state.get(p)]
+    if not held:
+        return 0
+    ids = {id(p) for p in held}
+    saved = {}
+    # the shadow's parameters are fake: their ops run in their own fake mode
+    # (Adafactor reads its step count with .item(): answered as in the dry run itself)
+    mode = getattr(held[0], "fake_mode", None)
+    values = ValueAnswers(Answers(lambda: -1)) if mode is not None else contextlib.nullcontext()
+    with mode if mode is not None else contextlib.nullcontext(), values, torch.no_grad():
+        for g in new.param_groups:
+            for p in g["params"]:
+                saved[id(p)] = (p, p.grad)
+                p.grad = torch.zeros_like(p) if id(p) in ids else None
+        try:
+            new.step()
+        finally:
+            for p, grad in saved.values():
+                p.grad = grad
+    return len(held)
 
 
 def zero_grad_to_none(shadow: Shadow) -> list[str]:
