@@ -171,3 +171,20 @@ def test_m12_requested_is_the_allocators_rounded_size_and_says_so():
     assert any("handle or workspace" in a for a in library.advice)
     assert oom_device_index(FakeOom(CUDA_MSG.replace("GPU 0", "GPU 3"))) == 3
     assert oom_device_index(FakeOom("CUDA out of memory. (GPU 1; 79.19 GiB total capacity)")) == 1
+
+
+def test_a_named_activation_is_listed_without_reading_its_grad() -> None:
+    """``h = net(x)`` leaves a non-leaf tensor in the namespace; reading its ``.grad`` makes
+    torch warn, and under warnings-as-errors (pytest here) the whole report was lost."""
+    import warnings
+
+    import torch
+
+    from gpumagic.memory.holders import named_tensors
+
+    w = torch.ones(4, 4, requires_grad=True)
+    h = w * 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        names = [holder.name for holder in named_tensors({"w": w, "h": h}, lambda t: True)]
+    assert sorted(names) == ["h", "w"]

@@ -114,8 +114,11 @@ def named_tensors(namespace: Mapping[str, Any], keep: Callable[[Any], bool]) -> 
             role = "parameter" if isinstance(value, torch.nn.Parameter) else "tensor"
             if (h := emit(name, role, value)) is not None:
                 yield h
+            # a non-leaf tensor's .grad is only read when it retains one: reading it
+            # otherwise makes torch warn, and a warning turned error would lose the report
             if (
-                value.grad is not None
+                (value.is_leaf or value.retains_grad)
+                and value.grad is not None
                 and (h := emit(f"{name}.grad", "gradient", value.grad)) is not None
             ):
                 yield h

@@ -235,7 +235,7 @@ def owners(census: TensorTracker) -> dict[int, str]:
                     continue
                 param_owner.setdefault(id(t), sub)
                 out.setdefault(t.untyped_storage()._cdata, sub)
-                if t.grad is not None:
+                if t.is_leaf and t.grad is not None:
                     out.setdefault(t.grad.untyped_storage()._cdata, sub)
     for _, opt in optimizers:
         for p, state in list(opt.state.items()):
