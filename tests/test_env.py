@@ -134,7 +134,7 @@ def test_env_returns_the_same_report_as_data(show, ip):
     ):
         if key == "gpus":
             # used_memory is NVML's device-wide count: on a shared GPU another process can
-            # allocate between the two reports (audit T7); everything else must agree
+            # allocate between the two reports; everything else must agree
             d[key] = [{**g, "used_memory": None} for g in d[key]]
             s[key] = [{**g, "used_memory": None} for g in s[key]]
         assert d[key] == s[key], key
@@ -567,7 +567,9 @@ def test_environment_text_quotes_what_yaml_would_misread():
     ]
 
 
-# --- the CUDA paths on the CPU (tests/cuda_double.py and the NVML double): audit M1, M12 ---------
+# --- the CUDA paths on the CPU (tests/cuda_double.py and the NVML double) ------------------------
+# torch.cuda.get_device_properties runs _lazy_init (torch's CUDA state, and no fork afterwards), so
+# %gpuenv reads NVML unless CUDA was initialised already, and one that raises costs one GPU row.
 
 
 @pytest.fixture
@@ -596,7 +598,7 @@ def _three_gpus():
     ]
 
 
-def test_m1_gpuenv_never_initialises_cuda(show, ip, monkeypatch, nvml_double):
+def test_gpuenv_never_initialises_cuda(show, ip, monkeypatch, nvml_double):
     from cuda_double import FakeCuda
 
     nvml_double(_three_gpus())
@@ -620,7 +622,7 @@ def test_m1_gpuenv_never_initialises_cuda(show, ip, monkeypatch, nvml_double):
     assert [(g.source, g.name, g.multiprocessors) for g in gpus] == [("torch", "Fake H200", 132)] * 2
 
 
-def test_m12_gpuenv_survives_device_properties_that_raise(show, ip, monkeypatch, nvml_double):
+def test_gpuenv_survives_device_properties_that_raise(show, ip, monkeypatch, nvml_double):
     from cuda_double import FakeCuda
 
     nvml_double(_three_gpus())
@@ -641,9 +643,10 @@ def test_m12_gpuenv_survives_device_properties_that_raise(show, ip, monkeypatch,
 
 
 @pytest.mark.gpu
-def test_t7_gpuenv_on_a_gpu(show, ip):
-    """T7: the GPU-positive report, whichever source described the GPUs: torch's device
-    properties when CUDA was initialised before (earlier tests), NVML's otherwise (M1)."""
+def test_gpuenv_on_a_gpu(show, ip):
+    """The GPU-positive report, whichever source described the GPUs: torch's device properties
+    when CUDA was initialised before (earlier tests), NVML's otherwise (reading torch's would run
+    _lazy_init)."""
     r = show("%gpuenv")
     assert r.result.error_in_exec is None, r.result.error_in_exec
     report = ip.user_ns["_gpuenv"]

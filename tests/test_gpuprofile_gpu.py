@@ -40,7 +40,7 @@ def cuda_setup(run):
     assert r.result.success, r.stdout
 
 
-def test_t2_m8_training_steps_profiled_on_the_gpu_torch_names(ip, run, cuda_setup):
+def test_training_steps_profiled_on_the_gpu_torch_names(ip, run, cuda_setup):
     r = run(
         "%%gpuprofile -q\n"
         "for step in range(8):\n"
@@ -53,9 +53,9 @@ def test_t2_m8_training_steps_profiled_on_the_gpu_torch_names(ip, run, cuda_setu
     assert r.result.success, r.stdout
     p = ip.user_ns["_gpuprofile"]
     s = p.summary
-    # 8 marked, the first (cuBLAS/cuDNN handles, lazy module loading) left out (audit M8)
+    # 8 marked, the first left out: it pays cuBLAS/cuDNN handle creation and lazy module loading
     assert s["steps"] == 7 and s["first_step_left_out"] is True and s["cpu_only"] is False
-    assert _own_notes(p) == []  # GPU events were recorded: no "no GPU events" note (audit M7)
+    assert _own_notes(p) == []  # CUPTI recorded GPU events: no "no GPU events" note
     assert 0 < s["gpu_utilization_percent"] <= 100
     assert len(p.kernels) > 0
     assert p.breakdown.loc["Kernel", "percent"] > 0
@@ -65,7 +65,7 @@ def test_t2_m8_training_steps_profiled_on_the_gpu_torch_names(ip, run, cuda_setu
     assert "sync" in rules
     for f in p.findings:
         assert 0 <= f.saving_us <= s["step_time_us"] * 1.01, f
-    # T2: the device the report names is the one torch ran on (whatever GPU this is)
+    # the device the report names is the one torch ran on (whatever GPU this is)
     import torch
 
     from gpumagic.render.html import escape
@@ -90,7 +90,7 @@ def test_pinned_non_blocking_copies_do_not_fire_pageable_memcpy(ip, run, cuda_se
     assert "sync" not in rules
 
 
-def test_m7_a_cpu_cell_in_a_gpu_session_gets_no_missing_gpu_events_note(ip, run, cuda_setup):
+def test_a_cpu_cell_in_a_gpu_session_gets_no_missing_gpu_events_note(ip, run, cuda_setup):
     # CUDA is initialised (SETUP moved the model), but this cell allocates nothing on the GPU
     r = run("%%gpuprofile -q\nimport torch\nx = torch.randn(64, 64) @ torch.randn(64, 64)\n")
     assert r.result.success, r.stdout
@@ -100,7 +100,8 @@ def test_m7_a_cpu_cell_in_a_gpu_session_gets_no_missing_gpu_events_note(ip, run,
 
 @pytest.fixture
 def ieee_matmul():
-    """fp32 matmuls without TF32, set with the API PyTorch recommends since 2.9 (audit B1)."""
+    """fp32 matmuls without TF32, set with the API PyTorch recommends since 2.9 (after which
+    reading the legacy allow_tf32 getter raises RuntimeError)."""
     import torch
 
     matmul = torch.backends.cuda.matmul
@@ -114,7 +115,7 @@ def _gemm_kernels(p) -> list[str]:
     return [k for k in p.kernels["name"] if _GEMM.search(k)]
 
 
-def test_t1_b2_fp32_matmul_on_tensor_core_gpu_fires_tensor_cores_and_autocast_fixes_it(
+def test_fp32_matmul_on_tensor_core_gpu_fires_tensor_cores_and_autocast_fixes_it(
     ip, run, ieee_matmul
 ):
     import torch
@@ -127,15 +128,16 @@ def test_t1_b2_fp32_matmul_on_tensor_core_gpu_fires_tensor_cores_and_autocast_fi
     r = run("%%gpuprofile -q -n fp32\nfor i in range(5):\n    b = a @ a\n    gpumagic.step()\ntorch.cuda.synchronize()\n")
     assert r.result.success, r.stdout
     p = ip.user_ns["_gpuprofile"]
-    # T1: whatever cuBLAS picks for an IEEE fp32 GEMM (sm80/sm90 xmma ..._ffma_..., a SIMT
-    # sgemm), it runs on the CUDA cores, and the rule says so (audit B2)
+    # whatever cuBLAS picks for an IEEE fp32 GEMM (sm80/sm90 xmma ..._ffma_..., a SIMT sgemm),
+    # it runs on the CUDA cores (ffma is plain FMA, xmma only a template library), and the
+    # rule says so
     gemm = _gemm_kernels(p)
     assert gemm, list(p.kernels["name"])
     assert not any(is_tensor_core_kernel(k) for k in gemm), gemm
     rules = {f.rule: f for f in p.findings}
     assert "tensor_cores" in rules, (gemm, sorted(rules))
     f = rules["tensor_cores"]
-    assert f.evidence["matmul_fp32_precision"] == "ieee"  # read with the new API (audit B1)
+    assert f.evidence["matmul_fp32_precision"] == "ieee"  # read with the new API, no raise
     assert "fp32_precision = 'tf32'" in f.snippet  # advice in the API the session uses
 
     r = run(
@@ -144,8 +146,8 @@ def test_t1_b2_fp32_matmul_on_tensor_core_gpu_fires_tensor_cores_and_autocast_fi
     )
     assert r.result.success, r.stdout
     p = ip.user_ns["_gpuprofile"]
-    # T1: silent for the right reason: the GEMMs ran on tensor-core kernels, and the trace
-    # (not the cell's text) shows autocast around them (audit M10)
+    # silent for the right reason: the GEMMs ran on tensor-core kernels, and the trace (not
+    # the word "autocast" in the cell's text) shows autocast around them
     gemm = _gemm_kernels(p)
     assert gemm and all(is_tensor_core_kernel(k) for k in gemm), gemm
     assert p.live.autocast_enabled is None
@@ -178,7 +180,7 @@ print(json.dumps({
 """
 
 
-def test_m9_sticky_cuda_error_leaves_no_profiler_and_raises_the_cells_error(tmp_path):
+def test_sticky_cuda_error_leaves_no_profiler_and_raises_the_cells_error(tmp_path):
     """A device-side assert poisons the process's CUDA context, so it runs in a child."""
     import os
 

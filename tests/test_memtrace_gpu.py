@@ -85,7 +85,8 @@ def test_device_host_on_a_gpu_machine(ip, run):
     assert ip.user_ns["_memtrace"].device.kind == "host"
 
 
-# -- audit findings on the GPU (issue 9) ----------------------------------------------------------
+# -- CUDA behaviour on the GPU (issue 9): gpumagic never runs torch's _lazy_init; kernels run ------
+# -- asynchronously, so a sync is charged the GPU time; a host OOM on a GPU machine is a host OOM --
 _UNTOUCHED = r'''
 import json, torch
 from IPython.core.interactiveshell import InteractiveShell

@@ -147,7 +147,7 @@ def test_request_and_free_that_print_alike_get_more_digits():
         (lambda t: ValueError("CUDA error: out of memory"), None),
     ],
 )
-def test_m3_m2_oom_kind_follows_the_error(make, kind):
+def test_oom_kind_follows_the_error(make, kind):
     from gpumagic.memory.oom import oom_kind
 
     torch = pytest.importorskip("torch")
@@ -156,7 +156,7 @@ def test_m3_m2_oom_kind_follows_the_error(make, kind):
     assert is_oom(exc) == (kind is not None)
 
 
-def test_m12_requested_is_the_allocators_rounded_size_and_says_so():
+def test_requested_is_the_allocators_rounded_size_and_says_so():
     from gpumagic.memory.oom import oom_device_index
 
     report = build_cuda_report(FakeOom(CUDA_MSG), cuda_stats(GiB, GiB), (GiB, 80 * GiB), "cuda:0", [])

@@ -101,7 +101,7 @@ def gpuenv(c: Cells) -> tuple[str, dict[str, Any]]:
     before = torch.cuda.is_initialized()
     _, _, html = c.ok("e = %gpuenv")
     after = torch.cuda.is_initialized()
-    expect(before or not after, "%gpuenv initialised torch's CUDA state (audit M1)")
+    expect(before or not after, "%gpuenv initialised torch's CUDA state (ran _lazy_init)")
     e = c.ns["e"]
     expect(e.cuda_available, f"the report says CUDA is not available: {e.gpu_summary}")
     names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
@@ -152,7 +152,10 @@ def gpuwatch(c: Cells) -> tuple[str, dict[str, Any]]:
     work = cells[cells["source"].str.contains("held = torch.empty", regex=False)]
     expect(len(work) == 1, f"the busy cell is not in the cells table: {list(cells['source'])}")
     row = work.iloc[0]
-    expect(row["utilization_of"] == "cuda:0", f"utilisation of {row['utilization_of']!r} (audit M12)")
+    expect(
+        row["utilization_of"] == "cuda:0",
+        f"utilisation of {row['utilization_of']!r}, not of cuda:0, the GPU this process used",
+    )
     expect(row["peak_utilization"] > 0, f"peak utilisation {row['peak_utilization']} while a matmul loop ran")
     expect(row["peak_process_memory"] >= GiB, f"peak process memory {row['peak_process_memory']}")
     c.ok("del held, a, b")
@@ -238,7 +241,10 @@ def memtrace_resnet(c: Cells) -> tuple[str, dict[str, Any]]:
     expect(rows.loc[7, "grads_bytes"] == 0, "gradients after zero_grad(set_to_none=True)")
     peak = t.at_peak
     expect(peak is not None and peak.activations > 0 and peak.modules, f"at the peak: {peak!r}")
-    expect(t.time_label == "host time", f"time column {t.time_label!r} (audit M6)")
+    expect(
+        t.time_label == "host time",
+        f"time column {t.time_label!r}: on CUDA it is host time, kernels run asynchronously",
+    )
     expect("cuda:0" in html, "the HTML report does not name cuda:0")
     detail = (
         f"{c.ns['model_kind']}, batch 64: forward +{d[4] / MiB:.0f} MiB (peak {rows.loc[4, 'peak_bytes'] / MiB:.0f}), "
@@ -316,13 +322,19 @@ def gpuprofile_slow_loop(c: Cells) -> tuple[str, dict[str, Any]]:
     missing = [r for r in wanted if r not in rules]
     expect(not missing, f"findings {sorted(rules)}; missing {missing}; notes {p.notes}")
     expect(s["cpu_only"] is False and p.notes == [], f"GPU events missing? notes {p.notes}")
-    expect(s["steps"] == 5 and s["first_step_left_out"] is True, f"steps {s['steps']} (audit M8: 6 marked, first left out)")
+    expect(
+        s["steps"] == 5 and s["first_step_left_out"] is True,
+        f"steps {s['steps']} (6 marked, the first left out: cuBLAS/cuDNN setup, lazy loading)",
+    )
     name = torch.cuda.get_device_name(torch.cuda.current_device())
     expect(s["devices"] == [name], f"devices {s['devices']}, torch's {name!r}")
     expect(rules["dataloader"].confirmed, "dataloader finding not confirmed by num_workers=0")
     if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
         got = rules["tensor_cores"].evidence.get("matmul_fp32_precision")
-        expect(got == "ieee", f"tensor_cores evidence reads matmul_fp32_precision={got!r} (audit B1)")
+        expect(
+            got == "ieee",
+            f"tensor_cores evidence reads matmul_fp32_precision={got!r} (the torch 2.9+ API)",
+        )
     for f in p.findings:
         expect(0 <= f.saving_us <= s["step_time_us"] * 1.01, f"{f.rule}: saving {f.saving_us} > step")
     detail = (

@@ -25,15 +25,15 @@ pytestmark = [
 ]
 
 
-# No fixture clears CUDA_VISIBLE_DEVICES here (audit T4): torch read it when it started, and a
-# watcher reading another value than torch did would watch other GPUs than torch's.
+# No fixture clears CUDA_VISIBLE_DEVICES here: torch read it when it started and caches its device
+# count, and a watcher reading another value than torch did would watch other GPUs than torch's.
 
 
 def _watched_gpus(w: Any) -> int:
     return sum(d.kind == "cuda" for d in w.devices)
 
 
-def test_t3_t4_real_samples() -> None:
+def test_real_samples() -> None:
     import torch
 
     from gpumagic.monitor import watch
@@ -43,13 +43,13 @@ def test_t3_t4_real_samples() -> None:
     assert wait_for(lambda: w.samples_taken >= 5, 5.0)
     result = w.stop()
     gpus = result.samples[result.samples["device"] != "host"]
-    assert len(gpus) >= 5 * _watched_gpus(w) > 0  # T4: the watcher's own device list
+    assert len(gpus) >= 5 * _watched_gpus(w) > 0  # the watcher's own GPUs, not torch's count
     first = gpus[gpus["cuda_index"] == 0]
     assert (first["name"] == torch.cuda.get_device_name(0)).all()
     total = torch.cuda.get_device_properties(0).total_memory
     assert first["memory_total"].iloc[-1] == pytest.approx(total, rel=0.05)
     assert first["utilization_gpu"].between(0, 100).all()
-    # T3: an idle H100/H200 shows 0 MiB used in the v2 struct (as nvidia-smi does): >= 0
+    # an idle H100/H200 shows 0 MiB used in NVML's v2 struct (as nvidia-smi does): >= 0
     assert first["memory_used"].between(0, first["memory_total"].iloc[-1]).all()
     assert first["temperature"].between(1, 120).all()
     assert first["clock_sm"].gt(0).all() and first["clock_mem"].gt(0).all()
@@ -118,9 +118,10 @@ def _subprocess_env(env_value: str | None) -> dict[str, str]:
     return env
 
 
-def test_t5_m5_visible_devices_parsed_as_cuda_exposes_them() -> None:
-    """T5: in a fresh process per value, the GPUs parse_visible_devices picks are the ones the
-    CUDA runtime exposes to torch (duplicates, strtoul-like ordinals, UUID prefixes, M5)."""
+def test_visible_devices_parsed_as_cuda_exposes_them() -> None:
+    """In a fresh process per value, the GPUs parse_visible_devices picks are the ones the CUDA
+    runtime exposes to torch (a repeated entry exposes none, ordinals are read like strtoul,
+    UUID prefixes select)."""
     from gpumagic.monitor.nvml import nvml_state
 
     gpus = nvml_state().gpus
@@ -190,7 +191,7 @@ def test_cuda_visible_devices_mapping() -> None:
     assert hidden["gpus"] == [] and "hides every GPU" in hidden["reason"]
 
 
-def test_t4_m12_busy_cell_shows_high_utilization(wshell: Any) -> None:
+def test_busy_cell_shows_high_utilization(wshell: Any) -> None:
     import torch
 
     from gpumagic.monitor import watch
@@ -210,10 +211,10 @@ def test_t4_m12_busy_cell_shows_high_utilization(wshell: Any) -> None:
     cell = result.cells.iloc[-1]
     assert cell["samples"] >= 5
     assert cell["peak_utilization"] >= 50
-    assert cell["utilization_of"] == "cuda:0"  # M12: the GPU this process used
+    assert cell["utilization_of"] == "cuda:0"  # the GPU this process used, not the busiest
     assert cell["peak_memory"] >= 256 * 1024**2  # two 256 MiB matrices
     html = inline_svg(result._repr_mimebundle_()["text/html"])
-    assert html.count("<svg") == 4 * _watched_gpus(w) + 2  # T4
+    assert html.count("<svg") == 4 * _watched_gpus(w) + 2  # per watched GPU, not torch's count
     wshell.user_ns.pop("a", None)
     wshell.user_ns.pop("b", None)
     torch.cuda.empty_cache()

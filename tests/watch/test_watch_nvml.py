@@ -218,14 +218,16 @@ def test_parse_visible_devices(env: str | None, expected: list[int]) -> None:
         ("gpu-cccc", []),  # "GPU-" is case-sensitive for torch: this reads as no ordinal
     ],
 )
-def test_m5_visible_devices_parsed_as_torch_does(env: str, expected: list[int]) -> None:
+def test_visible_devices_parsed_as_torch_does(env: str, expected: list[int]) -> None:
     order, notes = parse_visible_devices(env, UUIDS)
     assert order == expected
     if expected == [] and env.count(",") and env.split(",")[0].strip().lstrip("+").isdigit():
         assert any("repeats" in n and "no device at all" in n for n in notes)
 
 
-def test_m5_notes_and_reasons_say_what_cuda_does(fake_nvml: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_notes_and_reasons_say_what_cuda_does(
+    fake_nvml: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _, notes = parse_visible_devices("1gpu2", UUIDS)
     assert notes == ["CUDA_VISIBLE_DEVICES entry '1gpu2' reads as 1 (CUDA takes its leading digits)"]
     fake_nvml(four_gpus())

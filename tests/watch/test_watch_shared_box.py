@@ -355,7 +355,7 @@ def test_select_without_nvml_is_a_value_error(fake_nvml: Any, clean_choice: None
 def test_on_a_mig_instance_processes_are_its_own_and_energy_is_not_claimed(
     fake_nvml: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from test_watch_audit import MIG_A, mig_board
+    from test_watch_nvml_paths import MIG_A, mig_board
 
     fake_nvml([mig_board(energy_mj=10**9)])
     monkeypatch.setattr("gpumagic.monitor.nvml.torch_visible_uuids", lambda: None)

@@ -1,5 +1,8 @@
-"""Audit findings in the watcher and its NVML paths (issue 9: M1, M4, M11, M12), against the
-NVML double and the torch.cuda double (tests/cuda_double.py)."""
+"""The watcher's CUDA and NVML paths (issue 9), against the NVML double and the torch.cuda double
+(tests/cuda_double.py): NVML lists a process only once it has a CUDA context; a MIG instance is
+watched as a device of its own; "used" memory is NVML's v2 figure in the env report and the
+watcher alike; SwPowerCap (normal at full load) raises no alert; temperature falls back to
+nvmlDeviceGetTemperatureV; a cell's utilisation is that of the GPUs this process uses."""
 
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ def latest(w: Watcher, row: int, key: str) -> float:
 
 
 def _idle_cell_alerts(w: Watcher) -> list[str]:
-    """Alerts for a pandas cell running 12 s while the latest sample repeats (the audit's sim)."""
+    """Alerts for a pandas cell running 12 s on an idle GPU while the latest sample repeats."""
     snap = w.snapshot()
     times = np.arange(13.0) + 1000.0
     values = np.repeat(snap.values[-1:], 13, axis=0)
@@ -40,9 +43,9 @@ def _idle_cell_alerts(w: Watcher) -> list[str]:
     return [a.message for a in compute_alerts(snap.devices, times, values, cell, cuda_in_use())]
 
 
-# -- M1: "uses CUDA" means a CUDA context exists -----------------------------------------------
+# -- "uses CUDA" means a CUDA context exists: torch's _lazy_init makes none, NVML lists none -----
 @pytest.mark.parametrize("others", [[(999_999, 10 * GIB)], []])
-def test_m1_initialised_torch_without_a_context_is_not_using_the_gpu(
+def test_initialised_torch_without_a_context_is_not_using_the_gpu(
     fake_nvml: Any, monkeypatch: pytest.MonkeyPatch, others: list[tuple[int, int]]
 ) -> None:
     fake_nvml([gpu(util=0, procs=others)])
@@ -65,7 +68,7 @@ def test_m1_initialised_torch_without_a_context_is_not_using_the_gpu(
     assert [m.split(" while")[0] for m in _idle_cell_alerts(w)] == ["GPU 0 busy 0.0%"]
 
 
-def test_m1_context_from_reserved_memory_where_torch_lacks_has_primary_context(
+def test_context_from_reserved_memory_where_torch_lacks_has_primary_context(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     cuda = FakeCuda(monkeypatch, devices=2)
@@ -78,7 +81,7 @@ def test_m1_context_from_reserved_memory_where_torch_lacks_has_primary_context(
     assert cuda.init_attempts == []
 
 
-# -- M4: MIG --------------------------------------------------------------------------------
+# -- MIG: CUDA exposes an instance, not the board; NVML has no utilisation per instance ----
 def mig_board(**values: Any) -> dict[str, Any]:
     """An H100 in MIG mode: the board's memory is every tenant's; utilisation NOT_SUPPORTED."""
     return gpu(
@@ -99,7 +102,7 @@ def mig_board(**values: Any) -> dict[str, Any]:
     )
 
 
-def test_m4_mig_instance_in_visible_devices_is_watched_as_itself(
+def test_mig_instance_in_visible_devices_is_watched_as_itself(
     fake_nvml: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake = fake_nvml([mig_board()])
@@ -136,7 +139,7 @@ def test_m4_mig_instance_in_visible_devices_is_watched_as_itself(
     assert [(a.kind, a.device) for a in w.status().alerts] == [("memory", "cuda:0")]
 
 
-def test_m4_mig_mode_without_visible_devices_watches_each_instance_not_the_board(
+def test_mig_mode_without_visible_devices_watches_each_instance_not_the_board(
     fake_nvml: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake = fake_nvml([mig_board(), gpu("NVIDIA H100 80GB HBM3", "GPU-bbbb")])
@@ -155,7 +158,7 @@ def test_m4_mig_mode_without_visible_devices_watches_each_instance_not_the_board
     assert any("CUDA enumerates one MIG instance per process" in n for n in w.notes())
 
 
-def test_m4_torch_uuid_of_a_mig_instance_maps_to_it(
+def test_torch_uuid_of_a_mig_instance_maps_to_it(
     fake_nvml: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake_nvml([mig_board()])
@@ -167,7 +170,7 @@ def test_m4_torch_uuid_of_a_mig_instance_maps_to_it(
     assert [(d.key, d.mig_index) for d in w.devices if d.kind == "cuda"] == [("cuda:0", 2)]
 
 
-def test_m4_a_mig_entry_nvml_does_not_list_is_not_called_hiding(
+def test_a_mig_entry_nvml_does_not_list_is_not_called_hiding(
     fake_nvml: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake_nvml([gpu()])
@@ -179,8 +182,8 @@ def test_m4_a_mig_entry_nvml_does_not_list_is_not_called_hiding(
     assert any(MIG_A in n and "matches no device" in n for n in w.notes())
 
 
-# -- M11: one meaning of "used" -----------------------------------------------------------------
-def test_m11_env_report_and_watcher_show_the_same_used_memory(fake_nvml: Any) -> None:
+# -- one meaning of "used": NVML's v2 memory struct, without the driver's reserved memory -----
+def test_env_report_and_watcher_show_the_same_used_memory(fake_nvml: Any) -> None:
     from gpumagic.environment.collect import read_nvml
 
     fake = fake_nvml([gpu(mem_used=0, mem_reserved=538 * MIB, mem_total=143771 * MIB)])
@@ -195,8 +198,8 @@ def test_m11_env_report_and_watcher_show_the_same_used_memory(fake_nvml: Any) ->
     assert read_nvml().gpus[0].used_memory == 538 * MIB
 
 
-# -- M12 ------------------------------------------------------------------------------------
-def test_m12_sw_power_cap_at_full_load_is_no_alert(fake_nvml: Any) -> None:
+# -- SwPowerCap at full load, the deprecated temperature call, whose utilisation a cell shows --
+def test_sw_power_cap_at_full_load_is_no_alert(fake_nvml: Any) -> None:
     fake = fake_nvml([gpu(util=100, throttle=0x4)])
     w = Watcher(cells=False)
     w.sample_now()
@@ -215,7 +218,7 @@ def test_m12_sw_power_cap_at_full_load_is_no_alert(fake_nvml: Any) -> None:
         assert alert.kind == kind and name in alert.message and "sw_power_cap" not in alert.message
 
 
-def test_m12_temperature_falls_back_to_the_v_call_once_the_old_symbol_is_gone(
+def test_temperature_falls_back_to_the_v_call_once_the_old_symbol_is_gone(
     fake_nvml: Any,
 ) -> None:
     fake = fake_nvml([gpu(temp=71, missing={"nvmlDeviceGetTemperature"})])
@@ -247,7 +250,7 @@ def _cell_row(w: Watcher, fake: Any) -> Any:
     return w.stop().cells.iloc[-1]
 
 
-def test_m12_cell_utilisation_is_of_this_processes_gpus_not_the_busiest(
+def test_cell_utilisation_is_of_this_processes_gpus_not_the_busiest(
     fake_nvml: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     two = [
@@ -270,7 +273,7 @@ def test_m12_cell_utilisation_is_of_this_processes_gpus_not_the_busiest(
     assert row["peak_utilization"] == 99 and row["utilization_of"] == "cuda:1"
 
 
-def test_m12_the_cell_table_names_whose_utilisation_it_shows(fake_nvml: Any) -> None:
+def test_the_cell_table_names_whose_utilisation_it_shows(fake_nvml: Any) -> None:
     fake = fake_nvml(
         [
             gpu("mine", "GPU-a", util=5, procs=[(os.getpid(), 900 * MIB)]),
