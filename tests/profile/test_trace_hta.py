@@ -126,6 +126,59 @@ def test_hta_ns_resolution_trace_reads_as_it_does_shifted_to_zero(tmp_path):
     assert np.abs((ta.gpu.ts + (ta.time_base - 1712195000000000)) - tb.gpu.ts).max() < 1e-6
 
 
+def _read_as_floats_then_again(path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The trace read by the other path: ts decoded as floats, then read again exactly."""
+    from gpumagic.profile.trace import decode
+
+    with monkeypatch.context() as m:
+        m.setattr(decode, "looks_epoch_scale", lambda data: False)
+        return read_trace(path)
+
+
+@pytest.mark.parametrize("built", [True, False])
+def test_both_ways_of_reading_exact_timestamps_agree(tmp_path, monkeypatch, built):
+    """A trace whose first ts is at epoch scale is decoded with its ts as text and read at
+    once; any other is decoded as floats and read again where digits were lost. Both give
+    the same events to the last bit."""
+    path = _epoch_ns_trace(tmp_path / "ns.json") if built else trace_path("v100_training_5steps.json.gz")
+    a, b = read_trace(path), _read_as_floats_then_again(path, monkeypatch)
+    assert a.time_base == b.time_base > 0
+    for name in ("gpu", "runtime", "host"):
+        for column in ("ts", "end"):
+            x, y = getattr(getattr(a, name), column), getattr(getattr(b, name), column)
+            assert np.array_equal(x, y), (name, column)
+
+
+def test_a_fraction_only_outside_the_complete_events_keeps_the_floats(tmp_path, monkeypatch):
+    """The first ts (an instant) has a fraction, the complete events are whole µs: nothing
+    lost digits, so nothing is rebased, whichever way the file is decoded."""
+    events = [
+        _event("i", "cpu_instant_event", "mark", f"{EPOCH_US}.500", pid=1, tid=1, s="t"),
+        _event("X", "cpu_op", "aten::mm", f"{EPOCH_US + 3}", "40", pid=1, tid=1, args={}),
+        _event("X", "cpu_op", "aten::add", f"{EPOCH_US + 50}", "7", pid=1, tid=1, args={}),
+    ]
+    path = _write(tmp_path / "t.json", events)
+    a, b = read_trace(path), _read_as_floats_then_again(path, monkeypatch)
+    assert a.time_base == b.time_base == 0
+    assert a.host.ts.tolist() == b.host.ts.tolist() == [float(EPOCH_US + 3), float(EPOCH_US + 50)]
+
+
+def test_every_number_is_read_to_the_same_float_at_once_as_one_by_one():
+    import random
+
+    from gpumagic.profile.trace.timestamps import relative, relative_all
+
+    rng = random.Random(0)
+    texts = [
+        f"{rng.randint(0, 2**52)}.{rng.randint(0, 10 ** rng.randint(1, 9))}".encode()
+        for _ in range(5000)
+    ]
+    texts += [b"1712195495519689", b"1712195495519689.", b"0.001", b"12", b"", b"7.000"]
+    assert relative_all(texts, 1712195495519000) == [relative(t, 1712195495519000) for t in texts]
+    odd = [b"-5.25", b"1.5e3", b"1712195495519689.047"]  # a sign or an exponent: one by one
+    assert relative_all(odd, 3) == [relative(t, 3) for t in odd]
+
+
 # -- MTIA -----------------------------------------------------------------------------------------
 
 

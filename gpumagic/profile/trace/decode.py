@@ -57,7 +57,7 @@ from gpumagic.profile.trace.spans import (
     classify,
     torch_module_keys,
 )
-from gpumagic.profile.trace.timestamps import rebase
+from gpumagic.profile.trace.timestamps import looks_epoch_scale, rebase, rebase_raw
 
 
 # Events are a tagged union on "ph", so flow arrows and metadata (a third of a Kineto
@@ -83,7 +83,7 @@ class _InstantUpper(_Instant, tag="I"):  # the deprecated spelling of "i"
     pass
 
 
-_INSTANTS = {_Instant, _InstantUpper}
+_INSTANTS: set[type] = {_Instant, _InstantUpper}
 
 
 class _Ignored(msgspec.Struct, gc=False, tag_field="ph", tag="M"):
@@ -135,6 +135,42 @@ class _TraceFile(msgspec.Struct):
 
 # A bare JSON array of events is also a valid Chrome trace.
 _DECODER = msgspec.json.Decoder(_TraceFile | list[_EventUnion])
+
+
+# The same events with ``ts`` kept as JSON text, for traces whose timestamps a float64
+# cannot hold to the nanosecond (timestamps.py): read exactly in one pass after decoding.
+class _CompleteTextTs(_Complete):
+    ts: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)  # type: ignore[assignment]
+
+
+class _InstantTextTs(_Instant):
+    ts: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)  # type: ignore[assignment]
+
+
+class _InstantUpperTextTs(_InstantTextTs, tag="I"):
+    pass
+
+
+_TEXT_TS_TYPES = (_CompleteTextTs, _InstantTextTs, _InstantUpperTextTs, *_EVENT_TYPES[3:])
+if TYPE_CHECKING:
+    _TextTsUnion = Any
+else:
+    _TextTsUnion = Union[_TEXT_TS_TYPES]  # noqa: UP007 - a Union of a tuple built above
+
+
+class _TraceFileTextTs(_TraceFile):
+    traceEvents: list[_TextTsUnion]
+
+
+_DECODER_TEXT_TS = msgspec.json.Decoder(_TraceFileTextTs | list[_TextTsUnion])
+_COMPLETE: dict[Any, type] = {
+    _DECODER: _Complete,
+    _DECODER_TEXT_TS: _CompleteTextTs,
+}
+_INSTANTS_OF: dict[Any, set[type]] = {
+    _DECODER: _INSTANTS,
+    _DECODER_TEXT_TS: {_InstantTextTs, _InstantUpperTextTs},
+}
 
 _CAT = attrgetter("cat")
 _NAME = attrgetter("name")
@@ -188,9 +224,11 @@ def read_trace_bytes(path: Path) -> bytes:
 _BARE_NA = re.compile(rb'(?<!")\bN/A\b(?!")')
 
 
-def _decode(data: bytes, source: object) -> _TraceFile | list[_EventUnion]:
+def _decode(
+    data: bytes, source: object, decoder: msgspec.json.Decoder = _DECODER
+) -> _TraceFile | list[_EventUnion]:
     try:
-        return _DECODER.decode(data)
+        return decoder.decode(data)
     except msgspec.ValidationError as e:
         msg = str(e)
         if "missing required field `traceEvents`" in msg:
@@ -205,7 +243,7 @@ def _decode(data: bytes, source: object) -> _TraceFile | list[_EventUnion]:
     except msgspec.DecodeError as e:
         if b"N/A" in data:
             try:
-                return _DECODER.decode(_BARE_NA.sub(b"null", data))
+                return decoder.decode(_BARE_NA.sub(b"null", data))
             except (msgspec.DecodeError, msgspec.ValidationError):
                 pass
         msg = str(e)
@@ -267,8 +305,13 @@ def _thread_codes(pids: list[int | str], tids: list[int | str]) -> np.ndarray:
 
 def decode_trace(data: bytes, source: str) -> Trace:
     """Decode a trace's JSON text (see :func:`read_trace_bytes`) into a :class:`Trace`."""
-    complete, instants, meta = _events(data, source)
-    time_base = rebase(data, complete, instants)  # exact ts where floats lost digits
+    time_base = None
+    if looks_epoch_scale(data):  # ts as text, read exactly at once
+        complete, instants, meta = _events(data, source, _DECODER_TEXT_TS)
+        time_base = rebase_raw(complete, instants)
+    if time_base is None:  # floats, read again exactly only where they lost digits
+        complete, instants, meta = _events(data, source)
+        time_base = rebase(data, complete, instants)
     cats = Names.of(list(map(_CAT, complete)))
     kinds = event_kinds(cats, list(map(_NAME, complete)))
     notes = trace_notes(cats, kinds)
@@ -312,10 +355,13 @@ class _Meta:
     labels: bytes  # gpumagicCode, raw JSON
 
 
-def _events(data: bytes, source: str) -> tuple[list[_Complete], list[_Instant], _Meta]:
+def _events(
+    data: bytes, source: str, decoder: msgspec.json.Decoder = _DECODER
+) -> tuple[list[_Complete], list[_Instant], _Meta]:
     """The complete events and the ``[memory]`` instants of the trace, and the rest of the
     file; every other event is dropped here, before the columns are built."""
-    decoded = _decode(data, source)
+    decoded = _decode(data, source, decoder)
+    events: list[Any]
     if isinstance(decoded, list):
         events, meta = decoded, _Meta([], None, b"")
     else:
@@ -324,9 +370,10 @@ def _events(data: bytes, source: str) -> tuple[list[_Complete], list[_Instant], 
     del decoded
     if not events:
         raise TraceError(source, "the trace has no events (traceEvents is empty)")
-    complete: list[_Complete] = [e for e in events if e.__class__ is _Complete]
-    instants: list[_Instant] = [
-        e for e in events if e.__class__ in _INSTANTS and e.name == "[memory]"
+    complete_type, instant_types = _COMPLETE[decoder], _INSTANTS_OF[decoder]
+    complete: list[Any] = [e for e in events if e.__class__ is complete_type]
+    instants: list[Any] = [
+        e for e in events if e.__class__ in instant_types and _NAME(e) == "[memory]"
     ]
     return complete, instants, meta
 

@@ -11,25 +11,41 @@ zero). Newer traces count from ``baseTimeNanoseconds`` and stay near 5e12 µs, w
 float64 still resolves a nanosecond.
 
 So when a trace's timestamps are that large and carry fractions, the ``ts`` of its events
-are read again as text, an integer base (in µs) is subtracted from the integer part, and
-only the rest becomes a float: every ``ts`` is then exact to the nanosecond, relative to the
-base, which :class:`~gpumagic.profile.trace.model.Trace` keeps as ``time_base``. Durations
-are small numbers and decode exactly as floats. Traces that need none of this (most) pay
-one pass over the decoded floats.
+are read as text, an integer base (in µs) is subtracted from the integer part, and only the
+rest becomes a float: every ``ts`` is then exact to the nanosecond, relative to the base,
+which :class:`~gpumagic.profile.trace.model.Trace` keeps as ``time_base``. Durations are
+small numbers and decode exactly as floats.
+
+Two ways in, with the same result to the last bit: when the file's first ``ts`` already
+looks like that (:func:`looks_epoch_scale`), the decoder keeps every ``ts`` as text and
+:func:`rebase_raw` reads them all at once; otherwise they decode as floats and
+:func:`rebase` reads them again from the file only if they lost digits. Reading the file a
+second time cost such a trace (v100_training_5steps) more than its whole load had before;
+traces that need none of this (most) pay one pass over the decoded floats.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Union
 
 import msgspec
+import numpy as np
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["PRECISE_FROM", "needs_rebase", "rebase", "relative"]
+__all__ = [
+    "PRECISE_FROM",
+    "looks_epoch_scale",
+    "needs_rebase",
+    "rebase",
+    "rebase_raw",
+    "relative",
+    "relative_all",
+]
 
 # Above 2**42 µs (about 51 days from the clock's start) a float64's step exceeds 1 ns.
 PRECISE_FROM = float(2**42)
@@ -91,6 +107,89 @@ def relative(text: bytes, base: int) -> float:
     return float(int(text[:dot]) - base) + float(b"0" + text[dot:])
 
 
+def _digits(texts: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Every JSON number in ``texts`` (bytes-like) as (integer part, fraction as a float,
+    whether it is empty: an event without ts), read as digits column by column over all of them at once; None when one has a sign,
+    an exponent or too many digits for int64 (Kineto writes none of these)."""
+    arr = np.array(b",".join(texts).split(b","))
+    width = arr.dtype.itemsize
+    if not len(texts) or width > 40:
+        return None
+    u = arr.view(np.uint8).reshape(len(texts), width)
+    digit, dot = (u >= 48) & (u <= 57), u == 46
+    length = (u != 0).sum(axis=1)
+    point = np.where(dot.any(axis=1), dot.argmax(axis=1), length)
+    n_frac = np.maximum(length - point - 1, 0)
+    if (
+        not (digit | dot | (u == 0)).all()
+        or (dot.sum(axis=1) > 1).any()
+        or (point > 18).any()
+        or (n_frac > 18).any()
+    ):
+        return None
+    columns = np.ascontiguousarray(u.T)  # one column of digits, contiguous, at a time
+    whole = np.zeros(len(texts), np.int64)
+    frac = np.zeros(len(texts), np.int64)
+    for j in range(width):  # Horner's rule
+        d = columns[j].astype(np.int64) - 48
+        whole = np.where(j < point, whole * 10 + d, whole)
+        frac = np.where((j > point) & (j < length), frac * 10 + d, frac)
+    # the fraction as an integer over 10**n rounds exactly as float("0.ddd") does
+    return whole, frac / 10.0**n_frac, length == 0
+
+
+def relative_all(texts: Sequence[Any], base: int) -> list[float]:
+    """:func:`relative` of every JSON number in ``texts``, to the same floats: a per-number
+    Python loop was most of a rebased trace's extra load time."""
+    parts = _digits(texts)
+    if parts is None:
+        return [relative(bytes(t), base) for t in texts]
+    whole, frac, empty = parts
+    values = (whole - base).astype(np.float64) + frac
+    values[empty] = 0.0  # as relative() reads an event without ts
+    return values.tolist()
+
+
+# The first "ts" of the file: when it is this large and has digits after the point, the
+# decoder reads every ts as text (rebase_raw) instead of decoding floats and reading them
+# all again (rebase).
+_FIRST_TS = re.compile(rb'"ts"\s*:\s*([0-9.]+)')
+
+
+def looks_epoch_scale(data: bytes) -> bool:
+    """Whether the trace's first ``ts`` (within its first MiB) is past :data:`PRECISE_FROM`
+    and has a fraction: the traces :func:`rebase_raw` is for."""
+    m = _FIRST_TS.search(data, 0, 1 << 20)
+    if m is None or b"." not in m.group(1):
+        return False
+    try:
+        return float(m.group(1)) >= PRECISE_FROM
+    except ValueError:
+        return False
+
+
+def rebase_raw(complete: Sequence[Any], instants: Sequence[Any]) -> int | None:
+    """Set the ``ts`` of ``complete`` and ``instants``, decoded as JSON text, to floats exact
+    to the nanosecond relative to an integer base, and return the base; None when the trace
+    does not need it after all or a ts is not a plain number (then decode floats)."""
+    parts = _digits([e.ts for e in complete]) if complete else None
+    if parts is None:
+        return None
+    whole, frac, empty = parts
+    if whole.max() < PRECISE_FROM or not frac.any():
+        return None
+    marks = _digits([e.ts for e in instants]) if instants else (whole[:0], frac[:0], empty[:0])
+    if marks is None:
+        return None
+    base = int(whole.min()) - 1  # an event without ts counts as 0, as in rebase()
+    for (w, f, e), events in (((whole, frac, empty), complete), (marks, instants)):
+        values = (w - base).astype(np.float64) + f
+        values[e] = 0.0  # an event without ts: 0, as the float decoder reads it
+        for event, ts in zip(events, values.tolist()):
+            event.ts = ts
+    return base
+
+
 def rebase(data: bytes, complete: Sequence[Any], instants: Sequence[Any]) -> int:
     """Read the ``ts`` of ``complete`` (the file's ``X`` events, in file order) and of
     ``instants`` (its ``[memory]`` instants, in order) again from ``data``, exactly, relative
@@ -107,8 +206,8 @@ def rebase(data: bytes, complete: Sequence[Any], instants: Sequence[Any]) -> int
     ]
     if len(timed) != len(complete) or len(marks) != len(instants):
         return 0  # cannot happen for one file; keep the floats rather than misalign them
-    for event, again in zip(complete, timed):
-        event.ts = relative(bytes(again.ts), base)
-    for event, mark in zip(instants, marks):
-        event.ts = relative(bytes(mark.ts), base)
+    for event, ts in zip(complete, relative_all([e.ts for e in timed], base)):
+        event.ts = ts
+    for event, ts in zip(instants, relative_all([m.ts for m in marks], base)):
+        event.ts = ts
     return base
