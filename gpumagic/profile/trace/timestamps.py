@@ -109,8 +109,9 @@ def relative(text: bytes, base: int) -> float:
 
 def _digits(texts: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """Every JSON number in ``texts`` (bytes-like) as (integer part, fraction as a float,
-    whether it is empty: an event without ts), read as digits column by column over all of them at once; None when one has a sign,
-    an exponent or too many digits for int64 (Kineto writes none of these)."""
+    whether it is empty: an event without ts), read as digits column by column over all of
+    them at once; None when one has a sign, an exponent or too many digits for int64
+    (Kineto writes none of these)."""
     arr = np.array(b",".join(texts).split(b","))
     width = arr.dtype.itemsize
     if not len(texts) or width > 40:
