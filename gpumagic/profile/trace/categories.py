@@ -15,6 +15,8 @@ kernel timing, and no ``kernel`` events at all.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from gpumagic.profile.trace.model import (
@@ -28,6 +30,9 @@ from gpumagic.profile.trace.model import (
     SYNC,
     Names,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 __all__ = ["event_kinds", "trace_notes"]
 
@@ -54,16 +59,17 @@ _MTIA_DEVICE = "mtia_ccp_events"
 _CUPTI_RANGES = "cuda_profiler_range"
 
 
-def event_kinds(categories: Names, names: list[str]) -> np.ndarray:
+def event_kinds(categories: Names, name_of: Callable[[int], str]) -> np.ndarray:
     """The kind of each event (``HOST``, ``KERNEL``, ...) from its category, looked up once
-    per distinct category; ``names``: the events' names (an MTIA DMA transfer is a copy)."""
+    per distinct category; ``name_of(row)``: an event's name, asked only of MTIA device
+    events (a DMA transfer there is a copy)."""
     values = categories.values
     kind_of = np.array([CATEGORY_KIND.get(c.lower(), IGNORED) for c in values], dtype=np.int8)
     kinds = kind_of[categories.codes] if len(kind_of) else np.zeros(0, np.int8)
     mtia = [i for i, c in enumerate(values) if c.lower() == _MTIA_DEVICE]
     if mtia:
         for row in np.flatnonzero(np.isin(categories.codes, mtia)).tolist():
-            if names[row].startswith("dma"):
+            if name_of(row).startswith("dma"):
                 kinds[row] = MEMCPY
     return kinds
 

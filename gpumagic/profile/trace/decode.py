@@ -313,7 +313,7 @@ def decode_trace(data: bytes, source: str) -> Trace:
         complete, instants, meta = _events(data, source)
         time_base = rebase(data, complete, instants)
     cats = Names.of(list(map(_CAT, complete)))
-    kinds = event_kinds(cats, list(map(_NAME, complete)))
+    kinds = event_kinds(cats, lambda row, events=complete: events[row].name)
     notes = trace_notes(cats, kinds)
     host, code, runtime = _host_side(complete, kinds, meta.labels)
     gpu_rows = _rows(kinds, KERNEL, MEMCPY, MEMSET)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import re
 from decimal import Decimal
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Union
 
 import msgspec
@@ -82,17 +83,18 @@ class _TimedFile(msgspec.Struct):
 
 
 _DECODER = msgspec.json.Decoder(_TimedFile | list[_TimedUnion])
+_TS = attrgetter("ts")
 
 
-def needs_rebase(starts: Sequence[float]) -> bool:
+def needs_rebase(starts: Sequence[float] | np.ndarray) -> bool:
     """Whether decoding ``starts`` (the complete events' ``ts`` as floats) lost digits:
     past :data:`PRECISE_FROM`, and with fractions (integer µs survive a float64 exactly)."""
-    if not starts:
+    if not len(starts):
         return False
-    big = max(starts)
-    if max(big, -min(starts)) < PRECISE_FROM:
+    ts = np.asarray(starts, dtype=np.float64)  # one pass in numpy: a Python loop over a
+    if np.abs(ts).max() < PRECISE_FROM:  # large integer-µs trace cost it 15% of its load
         return False
-    return any(t != math.floor(t) for t in starts)
+    return bool((ts != np.floor(ts)).any())
 
 
 def relative(text: bytes, base: int) -> float:
@@ -196,9 +198,10 @@ def rebase(data: bytes, complete: Sequence[Any], instants: Sequence[Any]) -> int
     ``instants`` (its ``[memory]`` instants, in order) again from ``data``, exactly, relative
     to an integer base; set each event's ``ts`` to that and return the base (0: nothing
     needed it)."""
-    if not needs_rebase([e.ts for e in complete]):
+    starts = np.fromiter(map(_TS, complete), np.float64, len(complete))
+    if not needs_rebase(starts):
         return 0
-    base = math.floor(min(e.ts for e in complete)) - 1
+    base = math.floor(starts.min()) - 1
     decoded = _DECODER.decode(data)
     events = decoded if isinstance(decoded, list) else decoded.traceEvents
     timed = [e for e in events if e.__class__ is _TimedX]
