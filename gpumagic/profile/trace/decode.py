@@ -19,6 +19,7 @@ import re
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import partial
 from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
@@ -303,6 +304,10 @@ def _thread_codes(pids: list[int | str], tids: list[int | str]) -> np.ndarray:
     return p * max(nt, 1) + t
 
 
+def _name_at(events: list[_Complete], row: int) -> str:
+    return events[row].name
+
+
 def decode_trace(data: bytes, source: str) -> Trace:
     """Decode a trace's JSON text (see :func:`read_trace_bytes`) into a :class:`Trace`."""
     time_base = None
@@ -313,7 +318,7 @@ def decode_trace(data: bytes, source: str) -> Trace:
         complete, instants, meta = _events(data, source)
         time_base = rebase(data, complete, instants)
     cats = Names.of(list(map(_CAT, complete)))
-    kinds = event_kinds(cats, lambda row, events=complete: events[row].name)
+    kinds = event_kinds(cats, partial(_name_at, complete))
     notes = trace_notes(cats, kinds)
     host, code, runtime = _host_side(complete, kinds, meta.labels)
     gpu_rows = _rows(kinds, KERNEL, MEMCPY, MEMSET)
