@@ -165,18 +165,27 @@ def test_a_fraction_only_outside_the_complete_events_keeps_the_floats(tmp_path, 
 
 def test_every_number_is_read_to_the_same_float_at_once_as_one_by_one():
     import random
+    from types import SimpleNamespace
 
-    from gpumagic.profile.trace.timestamps import relative, relative_all
+    from gpumagic.profile.trace.timestamps import rebase_raw, relative
+
+    def read(texts: list[bytes]) -> tuple[int | None, list[float]]:
+        events = [SimpleNamespace(ts=t) for t in texts]
+        base = rebase_raw(events, [])
+        return base, [e.ts for e in events]
 
     rng = random.Random(0)
     texts = [
-        f"{rng.randint(0, 2**52)}.{rng.randint(0, 10 ** rng.randint(1, 9))}".encode()
+        f"{rng.randint(2**42, 2**52)}.{rng.randint(0, 10 ** rng.randint(1, 9))}".encode()
         for _ in range(5000)
     ]
     texts += [b"1712195495519689", b"1712195495519689.", b"0.001", b"12", b"", b"7.000"]
-    assert relative_all(texts, 1712195495519000) == [relative(t, 1712195495519000) for t in texts]
-    odd = [b"-5.25", b"1.5e3", b"1712195495519689.047"]  # a sign or an exponent: one by one
-    assert relative_all(odd, 3) == [relative(t, 3) for t in odd]
+    base, values = read(texts)
+    assert base is not None and values == [relative(t, base) if t else 0.0 for t in texts]
+    # a sign or an exponent: one number at a time, as exactly
+    odd = [b"-5.25", b"1.5e3", b"1712195495519689.047"]
+    base, values = read(odd)
+    assert base is not None and values == [relative(t, base) for t in odd]
 
 
 # -- MTIA -----------------------------------------------------------------------------------------

@@ -48,6 +48,7 @@ from gpumagic.profile.trace.model import (
     SyncEvents,
     Trace,
 )
+from gpumagic.profile.trace.phases import skipped_phases
 from gpumagic.profile.trace.spans import (
     MODULE,
     STATEMENT,
@@ -58,7 +59,7 @@ from gpumagic.profile.trace.spans import (
     classify,
     torch_module_keys,
 )
-from gpumagic.profile.trace.timestamps import looks_epoch_scale, rebase, rebase_raw
+from gpumagic.profile.trace.timestamps import looks_epoch_scale, needs_rebase, rebase_raw
 
 
 # Events are a tagged union on "ph", so flow arrows and metadata (a third of a Kineto
@@ -87,21 +88,11 @@ class _InstantUpper(_Instant, tag="I"):  # the deprecated spelling of "i"
 _INSTANTS: set[type] = {_Instant, _InstantUpper}
 
 
-class _Ignored(msgspec.Struct, gc=False, tag_field="ph", tag="M"):
-    pass
-
-
-def _ignored(tag: str) -> type:
-    return msgspec.defstruct(f"_Ignored_{ord(tag)}", [], bases=(_Ignored,), tag=tag)
-
-
 # Every other phase of the Chrome trace format: counters, async and object events,
 # metadata, B/E pairs (Kineto writes complete "X" events, never B/E), and flow arrows:
 # correlation ids link launches to kernels without them (flows.py reads them when not).
-_OTHER_PHASES = ["B", "E", "C", "b", "n", "e", "P", "O", "N", "D", "V", "v", "R", "c", "(", ")"]
-_IGNORED_OTHER = tuple(_ignored(ph) for ph in _OTHER_PHASES)
-_IGNORED_FLOWS = tuple(_ignored(ph) for ph in ("s", "t", "f"))
-_EVENT_TYPES = (_Complete, _Instant, _InstantUpper, _Ignored, *_IGNORED_OTHER, *_IGNORED_FLOWS)
+_SKIPPED = skipped_phases("XiI", "_Ignored")
+_EVENT_TYPES = (_Complete, _Instant, _InstantUpper, *_SKIPPED)
 if TYPE_CHECKING:  # the union is built at run time; msgspec reads it, mypy cannot
     _EventUnion = Any
 else:
@@ -152,7 +143,7 @@ class _InstantUpperTextTs(_InstantTextTs, tag="I"):
     pass
 
 
-_TEXT_TS_TYPES = (_CompleteTextTs, _InstantTextTs, _InstantUpperTextTs, *_EVENT_TYPES[3:])
+_TEXT_TS_TYPES = (_CompleteTextTs, _InstantTextTs, _InstantUpperTextTs, *_SKIPPED)
 if TYPE_CHECKING:
     _TextTsUnion = Any
 else:
@@ -308,15 +299,25 @@ def _name_at(events: list[_Complete], row: int) -> str:
     return events[row].name
 
 
+def _exact_events(data: bytes, source: str) -> tuple[list[Any], list[Any], _Meta, int]:
+    """:func:`_events` with every ``ts`` exact to the nanosecond, and the integer base they
+    count from (timestamps.py). Floats are decoded unless the first ts shows the trace is at
+    epoch scale; if floats lost digits all the same, the ts are decoded again as text."""
+    floats = None
+    if not looks_epoch_scale(data):
+        floats = _events(data, source)
+        if not needs_rebase(np.fromiter(map(_TS, floats[0]), np.float64, len(floats[0]))):
+            return (*floats, 0)
+    complete, instants, meta = _events(data, source, _DECODER_TEXT_TS)
+    base = rebase_raw(complete, instants)
+    if base is not None:
+        return complete, instants, meta, base
+    return (*(floats or _events(data, source)), 0)  # no digits lost after all
+
+
 def decode_trace(data: bytes, source: str) -> Trace:
     """Decode a trace's JSON text (see :func:`read_trace_bytes`) into a :class:`Trace`."""
-    time_base = None
-    if looks_epoch_scale(data):  # ts as text, read exactly at once
-        complete, instants, meta = _events(data, source, _DECODER_TEXT_TS)
-        time_base = rebase_raw(complete, instants)
-    if time_base is None:  # floats, read again exactly only where they lost digits
-        complete, instants, meta = _events(data, source)
-        time_base = rebase(data, complete, instants)
+    complete, instants, meta, time_base = _exact_events(data, source)
     cats = Names.of(list(map(_CAT, complete)))
     kinds = event_kinds(cats, partial(_name_at, complete))
     notes = trace_notes(cats, kinds)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Union
 import msgspec
 import numpy as np
 
+from gpumagic.profile.trace.phases import skipped_phases
 from gpumagic.profile.trace.timestamps import relative
 
 if TYPE_CHECKING:
@@ -35,13 +36,8 @@ class _FlowEnd(_Flow, tag="f"):
     pass
 
 
-def _skipped(tag: str) -> type:
-    return msgspec.defstruct(f"_NoFlow_{ord(tag)}", [], tag_field="ph", tag=tag)
-
-
 # every other phase of the Chrome trace format, skipped without being materialised
-_OTHER = tuple(_skipped(ph) for ph in "XiIMBECbnePONDVvRc()")
-_FLOW_TYPES = (_Flow, _FlowStep, _FlowEnd, *_OTHER)
+_FLOW_TYPES = (_Flow, _FlowStep, _FlowEnd, *skipped_phases("stf", "_NoFlow"))
 if TYPE_CHECKING:  # the union is built at run time; msgspec reads it, mypy cannot
     _FlowUnion = Any
 else:

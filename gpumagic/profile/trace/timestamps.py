@@ -16,12 +16,11 @@ rest becomes a float: every ``ts`` is then exact to the nanosecond, relative to 
 which :class:`~gpumagic.profile.trace.model.Trace` keeps as ``time_base``. Durations are
 small numbers and decode exactly as floats.
 
-Two ways in, with the same result to the last bit: when the file's first ``ts`` already
-looks like that (:func:`looks_epoch_scale`), the decoder keeps every ``ts`` as text and
-:func:`rebase_raw` reads them all at once; otherwise they decode as floats and
-:func:`rebase` reads them again from the file only if they lost digits. Reading the file a
-second time cost such a trace (v100_training_5steps) more than its whole load had before;
-traces that need none of this (most) pay one pass over the decoded floats.
+When the file's first ``ts`` already looks like that (:func:`looks_epoch_scale`), the
+decoder keeps every ``ts`` as text and :func:`rebase_raw` reads them all at once; otherwise
+they decode as floats, and only if those lost digits (:func:`needs_rebase`) is the file
+decoded again with its ``ts`` as text. Traces that need none of this (most) pay one numpy
+pass over the decoded floats.
 """
 
 from __future__ import annotations
@@ -29,61 +28,17 @@ from __future__ import annotations
 import math
 import re
 from decimal import Decimal
-from operator import attrgetter
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
-import msgspec
 import numpy as np
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = [
-    "PRECISE_FROM",
-    "looks_epoch_scale",
-    "needs_rebase",
-    "rebase",
-    "rebase_raw",
-    "relative",
-    "relative_all",
-]
+__all__ = ["PRECISE_FROM", "looks_epoch_scale", "needs_rebase", "rebase_raw", "relative"]
 
 # Above 2**42 µs (about 51 days from the clock's start) a float64's step exceeds 1 ns.
 PRECISE_FROM = float(2**42)
-
-
-class _TimedX(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
-    ts: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
-
-
-class _TimedInstant(msgspec.Struct, gc=False, tag_field="ph", tag="i"):
-    name: str = ""
-    ts: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
-
-
-class _TimedInstantUpper(_TimedInstant, tag="I"):
-    pass
-
-
-def _skipped(tag: str) -> type:
-    return msgspec.defstruct(f"_Skipped_{ord(tag)}", [], tag_field="ph", tag=tag)
-
-
-# every other phase of the Chrome trace format, skipped without being materialised
-_OTHER = tuple(_skipped(ph) for ph in "MBECbnePONDVvRc()stf")
-_TIMED_TYPES = (_TimedX, _TimedInstant, _TimedInstantUpper, *_OTHER)
-if TYPE_CHECKING:  # the union is built at run time; msgspec reads it, mypy cannot
-    _TimedUnion = Any
-else:
-    _TimedUnion = Union[_TIMED_TYPES]  # noqa: UP007 - a Union of a tuple built above
-
-
-class _TimedFile(msgspec.Struct):
-    traceEvents: list[_TimedUnion]
-
-
-_DECODER = msgspec.json.Decoder(_TimedFile | list[_TimedUnion])
-_TS = attrgetter("ts")
 
 
 def needs_rebase(starts: Sequence[float] | np.ndarray) -> bool:
@@ -109,15 +64,24 @@ def relative(text: bytes, base: int) -> float:
     return float(int(text[:dot]) - base) + float(b"0" + text[dot:])
 
 
-def _digits(texts: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def _digits_one_by_one(texts: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_digits` for numbers with a sign or an exponent (Kineto writes neither):
+    exact, with Python's decimals."""
+    numbers = [Decimal(bytes(t).decode()) if len(t) else Decimal(0) for t in texts]
+    whole = [math.floor(d) for d in numbers]
+    frac = [float(d - w) for d, w in zip(numbers, whole)]
+    # Python ints (an exponent can take one past int64), subtracted from exactly
+    return np.array(whole, dtype=object), np.array(frac), np.array([not len(t) for t in texts])
+
+
+def _digits(texts: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every JSON number in ``texts`` (bytes-like) as (integer part, fraction as a float,
     whether it is empty: an event without ts), read as digits column by column over all of
-    them at once; None when one has a sign, an exponent or too many digits for int64
-    (Kineto writes none of these)."""
+    them at once: a per-number Python loop was most of an exact trace's extra load time."""
     arr = np.array(b",".join(texts).split(b","))
     width = arr.dtype.itemsize
-    if not len(texts) or width > 40:
-        return None
+    if width > 40:
+        return _digits_one_by_one(texts)
     u = arr.view(np.uint8).reshape(len(texts), width)
     digit, dot = (u >= 48) & (u <= 57), u == 46
     length = (u != 0).sum(axis=1)
@@ -129,7 +93,7 @@ def _digits(texts: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray] |
         or (point > 18).any()
         or (n_frac > 18).any()
     ):
-        return None
+        return _digits_one_by_one(texts)
     columns = np.ascontiguousarray(u.T)  # one column of digits, contiguous, at a time
     whole = np.zeros(len(texts), np.int64)
     frac = np.zeros(len(texts), np.int64)
@@ -141,21 +105,8 @@ def _digits(texts: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray] |
     return whole, frac / 10.0**n_frac, length == 0
 
 
-def relative_all(texts: Sequence[Any], base: int) -> list[float]:
-    """:func:`relative` of every JSON number in ``texts``, to the same floats: a per-number
-    Python loop was most of a rebased trace's extra load time."""
-    parts = _digits(texts)
-    if parts is None:
-        return [relative(bytes(t), base) for t in texts]
-    whole, frac, empty = parts
-    values = (whole - base).astype(np.float64) + frac
-    values[empty] = 0.0  # as relative() reads an event without ts
-    return values.tolist()
-
-
 # The first "ts" of the file: when it is this large and has digits after the point, the
-# decoder reads every ts as text (rebase_raw) instead of decoding floats and reading them
-# all again (rebase).
+# decoder reads every ts as text (rebase_raw) at once, instead of decoding floats first.
 _FIRST_TS = re.compile(rb'"ts"\s*:\s*([0-9.]+)')
 
 
@@ -174,44 +125,17 @@ def looks_epoch_scale(data: bytes) -> bool:
 def rebase_raw(complete: Sequence[Any], instants: Sequence[Any]) -> int | None:
     """Set the ``ts`` of ``complete`` and ``instants``, decoded as JSON text, to floats exact
     to the nanosecond relative to an integer base, and return the base; None when the trace
-    does not need it after all or a ts is not a plain number (then decode floats)."""
-    parts = _digits([e.ts for e in complete]) if complete else None
-    if parts is None:
+    does not need it after all (then decode floats)."""
+    if not complete:
         return None
-    whole, frac, empty = parts
+    whole, frac, empty = _digits([e.ts for e in complete])
     if whole.max() < PRECISE_FROM or not frac.any():
         return None
     marks = _digits([e.ts for e in instants]) if instants else (whole[:0], frac[:0], empty[:0])
-    if marks is None:
-        return None
-    base = int(whole.min()) - 1  # an event without ts counts as 0, as in rebase()
+    base = int(whole.min()) - 1  # an event without ts counts as 0, as a float decode reads it
     for (w, f, e), events in (((whole, frac, empty), complete), (marks, instants)):
         values = (w - base).astype(np.float64) + f
         values[e] = 0.0  # an event without ts: 0, as the float decoder reads it
         for event, ts in zip(events, values.tolist()):
             event.ts = ts
-    return base
-
-
-def rebase(data: bytes, complete: Sequence[Any], instants: Sequence[Any]) -> int:
-    """Read the ``ts`` of ``complete`` (the file's ``X`` events, in file order) and of
-    ``instants`` (its ``[memory]`` instants, in order) again from ``data``, exactly, relative
-    to an integer base; set each event's ``ts`` to that and return the base (0: nothing
-    needed it)."""
-    starts = np.fromiter(map(_TS, complete), np.float64, len(complete))
-    if not needs_rebase(starts):
-        return 0
-    base = math.floor(starts.min()) - 1
-    decoded = _DECODER.decode(data)
-    events = decoded if isinstance(decoded, list) else decoded.traceEvents
-    timed = [e for e in events if e.__class__ is _TimedX]
-    marks = [
-        e for e in events if e.__class__ in (_TimedInstant, _TimedInstantUpper) and e.name == "[memory]"
-    ]
-    if len(timed) != len(complete) or len(marks) != len(instants):
-        return 0  # cannot happen for one file; keep the floats rather than misalign them
-    for event, ts in zip(complete, relative_all([e.ts for e in timed], base)):
-        event.ts = ts
-    for event, ts in zip(instants, relative_all([m.ts for m in marks], base)):
-        event.ts = ts
     return base
