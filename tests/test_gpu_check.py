@@ -362,7 +362,7 @@ def test_self_test_runs_the_plumbing_and_never_claims_a_gpu_result(tmp_path):
         tmp_path,
         "--only", "wheels,pytest,cells,bench",
         "--wheels", str(wheels),
-        "--pytest-args", "tests/test_memtrace_gpu.py",
+        "--pytest-args", "tests/memory/test_memtrace_cuda.py",
         inject="fail,timeout",
     )  # fmt: skip
     out = tmp_path / "out"

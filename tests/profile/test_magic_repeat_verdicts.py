@@ -16,7 +16,7 @@ import pytest
 from cell_outputs import run_showing
 from IPython.core.error import UsageError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 LOOP = (
     "%%gpuprofile -q -n {name} {options}\n"

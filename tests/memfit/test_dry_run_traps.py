@@ -208,6 +208,9 @@ def test_prints_are_not_shown_but_counted(ip, run, ns):
 
 
 def test_displays_and_figures_of_the_dry_run_stay_off_screen(ip, run, ns):
+    import matplotlib.pyplot as plt
+
+    plt.close("all")  # a figure an earlier test left open is another case (issue 25)
     r = run(
         "%%memfit --memory 8GiB\n"
         "from IPython.display import display, HTML\n"
@@ -217,8 +220,6 @@ def test_displays_and_figures_of_the_dry_run_stay_off_screen(ip, run, ns):
     )
     assert r.result.success, r.result.error_in_exec
     assert "<b>dry</b>" not in r.html()
-    import matplotlib.pyplot as plt
-
     assert plt.get_fignums() == []
     assert "The dry runs displayed 2 outputs (figures, tables), not shown." in ns["_memfit"].notes
 

@@ -2,7 +2,7 @@
 training with Adam and with SGD, and inference under ``torch.no_grad()``.
 
 The measured peak is issue 16's tensor census of the real run (``memory/fit/measure.py``: the
-engine ``%%memtrace`` reports with, exact bytes on the CPU; ``test_memfit_engine.py`` checks it against
+engine ``%%memtrace`` reports with, exact bytes on the CPU; ``test_counts_with_census.py`` checks it against
 ``%%memtrace``'s own peak), the same engine the dry run counts with. The real runs are made
 with oneDNN off, as the dry run without a GPU is: oneDNN's LSTM keeps a workspace torch's
 fake kernel leaves out, and a GPU never runs it.

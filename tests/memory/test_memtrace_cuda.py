@@ -130,7 +130,7 @@ def test_memtrace_gpuenv_and_the_watcher_leave_cuda_uninitialised():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     out = subprocess.run(
         [sys.executable, "-c", _UNTOUCHED],
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[2],
         env=env,
         capture_output=True,
         text=True,

@@ -577,7 +577,7 @@ def nvml_double(monkeypatch):
     """install(gpus) -> FakeNvml as `import pynvml` (the watcher tests' double)."""
     import sys
 
-    monkeypatch.syspath_prepend(str(Path(__file__).parent / "watch"))
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "watch"))
     from watch_nvml_double import FakeNvml
 
     def install(gpus):

@@ -83,7 +83,7 @@ def test_select_gpus_never_imports_torch():
     )
     out = subprocess.run(
         [sys.executable, "-c", code],
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[2],
         capture_output=True,
         text=True,
         timeout=120,
