@@ -1,6 +1,9 @@
 """The shared cell runner: every cell magic of the package runs its cell through here.
 
-What it guarantees, so that a cell behaves exactly as it would without the magic:
+It takes a namespace and a :class:`Compiler`, never a shell: a magic passes what its shell
+gives (:class:`ShellCompiler`: IPython's transforms, parser and compiler, the shell's
+namespace), a script passes plain Python's (:class:`PythonCompiler`, a dict). What it
+guarantees for a magic's cell, so that the cell behaves exactly as it would without the magic:
 
 * IPython syntax inside the cell works: the body goes through ``shell.transform_cell``
   (``!cmd``, ``%line`` magics) and the shell's AST transformers.
@@ -31,12 +34,16 @@ the statement that made it.
 """
 
 from __future__ import annotations
+import __future__
 
 import ast
 import builtins
+import functools
 import itertools
+import linecache
+import operator
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import CodeType, FrameType
 from typing import Any, Protocol, TypeVar
@@ -47,10 +54,13 @@ from gpumagic.tracebacks import as_the_cells, hidden_hook
 
 __all__ = [
     "SOURCE_LIMIT",
+    "Compiler",
     "MeasuredRun",
     "PreparedCell",
     "Presenter",
     "Probe",
+    "PythonCompiler",
+    "ShellCompiler",
     "Statement",
     "error_text",
     "execute",
@@ -80,6 +90,110 @@ class PreparedCell:
     body: list[CodeType]
     last_expr: CodeType | None  # the trailing expression, evaluated for Out[n]
     hook_names: dict[str, str] = field(default_factory=dict)  # role -> builtins name
+
+
+# ---------------------------------------------------------------------------------------------
+# Compilers: what prepare asks of the place a cell comes from
+
+
+class Compiler(Protocol):
+    """The services :func:`prepare` needs to turn a cell's text into code: IPython's for a
+    magic's cell (:class:`ShellCompiler`), plain Python's for a script (:class:`PythonCompiler`)."""
+
+    @property
+    def interactivity(self) -> str:
+        """Which value the cell shows, as IPython's ``ast_node_interactivity`` says."""
+        ...
+
+    def transform_cell(self, cell: str) -> str:
+        """The cell's text as the parser reads it (IPython syntax rewritten)."""
+        ...
+
+    def transform_ast(self, tree: ast.Module) -> ast.Module:
+        """The parsed cell after the AST transformers."""
+        ...
+
+    def cache(self, shown: str, raw: str) -> str:
+        """Keep ``shown`` where tracebacks and debuggers read source (linecache); the name
+        to compile under. ``raw`` is what the user typed."""
+        ...
+
+    def parse(self, source: str, filename: str) -> ast.Module:
+        """``source`` parsed; ``SyntaxError`` as the place's own parser reports it."""
+        ...
+
+    def compile(self, node: ast.Module | ast.Expression, filename: str, mode: str) -> CodeType:
+        """``node`` compiled, under the ``__future__`` imports seen so far (and remembering
+        new ones, as IPython and ``codeop`` do)."""
+        ...
+
+
+class ShellCompiler:
+    """IPython's services, as a plain cell of ``shell`` gets them: its ``transform_cell``,
+    ``transform_ast``, ``ast_node_interactivity``, and its ``compile`` (the cell cached
+    under the "Cell In[n]" name, parsed and compiled under the shell's ``__future__``
+    flags). Duck-typed: nothing of IPython is imported here."""
+
+    def __init__(self, shell: Any) -> None:
+        self.shell = shell
+
+    @property
+    def interactivity(self) -> str:
+        return str(getattr(self.shell, "ast_node_interactivity", "last_expr"))
+
+    def transform_cell(self, cell: str) -> str:
+        return str(self.shell.transform_cell(cell))
+
+    def transform_ast(self, tree: ast.Module) -> ast.Module:
+        return self.shell.transform_ast(tree)
+
+    def cache(self, shown: str, raw: str) -> str:
+        return str(self.shell.compile.cache(shown, _cell_number(self.shell), raw_code=raw))
+
+    def parse(self, source: str, filename: str) -> ast.Module:
+        return self.shell.compile.ast_parse(source, filename=filename)
+
+    def compile(self, node: ast.Module | ast.Expression, filename: str, mode: str) -> CodeType:
+        return self.shell.compile(node, filename, mode)
+
+
+_FUTURE_FLAGS = functools.reduce(
+    operator.or_, (getattr(__future__, name).compiler_flag for name in __future__.all_feature_names)
+)
+
+
+class PythonCompiler:
+    """Plain Python's services, for a cell given as a script's string: no IPython syntax, no
+    AST transformers, the trailing expression's value returned. Code is compiled with none
+    of the caller's ``__future__`` flags and remembers the cell's own (``codeop.Compile``'s
+    rule: the statements are compiled one by one). The source is kept in linecache under
+    ``<name-N>``, so tracebacks show its lines."""
+
+    interactivity = "last_expr"
+    _numbers = itertools.count(1)
+
+    def __init__(self, name: str = "cell") -> None:
+        self.name = name
+        self.flags = 0  # the __future__ features the cell imported so far
+
+    def transform_cell(self, cell: str) -> str:
+        return cell
+
+    def transform_ast(self, tree: ast.Module) -> ast.Module:
+        return tree
+
+    def cache(self, shown: str, raw: str) -> str:
+        filename = f"<{self.name}-{next(self._numbers)}>"
+        linecache.cache[filename] = (len(shown), None, shown.splitlines(keepends=True), filename)
+        return filename
+
+    def parse(self, source: str, filename: str) -> ast.Module:
+        return compile(source, filename, "exec", self.flags | ast.PyCF_ONLY_AST, dont_inherit=True)
+
+    def compile(self, node: ast.Module | ast.Expression, filename: str, mode: str) -> CodeType:
+        code = compile(node, filename, mode, self.flags, dont_inherit=True)
+        self.flags |= code.co_flags & _FUTURE_FLAGS
+        return code
 
 
 # ---------------------------------------------------------------------------------------------
@@ -130,13 +244,13 @@ def install_syntax_error_display(shell: Any) -> Callable[[], None]:
 # Preparing a cell
 
 
-def prepare(shell: Any, cell: str, header: str | None, *, instrument: bool = False) -> PreparedCell:
+def prepare(compiler: Compiler, cell: str, header: str | None, *, instrument: bool = False) -> PreparedCell:
     """Transform, parse and compile ``cell``, with a probe hook before each statement if
     ``instrument``. ``header`` is the magic's own first line (without its newline) for a
-    cell magic, whose body then starts at line 2; ``None`` for a line magic's statement,
-    which is line 1. Raises ``SyntaxError`` pointing at the cell's own lines."""
+    cell magic, whose body then starts at line 2; ``None`` for a line magic's statement or
+    a script, which is line 1. Raises ``SyntaxError`` pointing at the cell's own lines."""
     __tracebackhide__ = True
-    transformed = shell.transform_cell(cell)
+    transformed = compiler.transform_cell(cell)
     prefix = "" if header is None else header + "\n"
     raw_source = prefix + cell
     raw_lines = source_lines(cell)
@@ -145,18 +259,17 @@ def prepare(shell: Any, cell: str, header: str | None, *, instrument: bool = Fal
     # when the transform kept one line per line (it does for magics and !commands), else
     # the transformed text so that line numbers stay right.
     same_lines = len(raw_lines) == len(code_lines)
-    shown = raw_source if same_lines else prefix + transformed
-    filename = shell.compile.cache(shown, _cell_number(shell), raw_code=raw_source)
+    filename = compiler.cache(raw_source if same_lines else prefix + transformed, raw_source)
     try:
         # A blank first line for the magic's own line: every node then carries the
         # line number the notebook shows.
-        # The shell's own parser: same flags (and __future__ imports of earlier cells), so
-        # a syntax error reads exactly as it would in a plain cell.
-        tree = shell.compile.ast_parse("\n" * prefix.count("\n") + transformed, filename=filename)
+        # The compiler's own parser: for a shell, the same flags (and __future__ imports of
+        # earlier cells), so a syntax error reads exactly as it would in a plain cell.
+        tree = compiler.parse("\n" * prefix.count("\n") + transformed, filename)
     except SyntaxError as err:
         setattr(err, _SYNTAX_MARK, True)
         raise
-    tree = shell.transform_ast(tree)
+    tree = compiler.transform_ast(tree)
 
     statements: list[Statement] = []
     hook_names: dict[str, str] = {}
@@ -169,21 +282,19 @@ def prepare(shell: Any, cell: str, header: str | None, *, instrument: bool = Fal
         tree.body = instrumenter.block(tree.body, depth=0)
 
     body_nodes = list(tree.body)
-    last_expr_node = _split_result(
-        body_nodes, getattr(shell, "ast_node_interactivity", "last_expr")
-    )
+    last_expr_node = _split_result(body_nodes, compiler.interactivity)
     try:
-        # The shell's compiler, as for a plain cell: it applies and remembers __future__
-        # flags. One top-level statement at a time, as IPython's run_ast_nodes compiles a
-        # plain cell: a docstring before "from __future__ import ...", or "global x" after
-        # "x = 1", compile alone but not as one module. (All are compiled before any runs,
-        # so a syntax error still stops the cell before its first line.)
+        # The compiler, as for a plain cell: it applies and remembers __future__ flags. One
+        # top-level statement at a time, as IPython's run_ast_nodes compiles a plain cell: a
+        # docstring before "from __future__ import ...", or "global x" after "x = 1",
+        # compile alone but not as one module. (All are compiled before any runs, so a
+        # syntax error still stops the cell before its first line.)
         body = [
-            shell.compile(ast.Module(body=unit, type_ignores=[]), filename, "exec")
+            compiler.compile(ast.Module(body=unit, type_ignores=[]), filename, "exec")
             for unit in units(body_nodes, hook_names.get("enter"))
         ]
         last = (
-            shell.compile(ast.Expression(body=last_expr_node), filename, "eval")
+            compiler.compile(ast.Expression(body=last_expr_node), filename, "eval")
             if last_expr_node is not None
             else None
         )
@@ -257,8 +368,16 @@ def _loop_hook(enter: Callable[[int], None]) -> Callable[[int, Iterable[Any]], I
     return loop
 
 
-def execute(shell: Any, prepared: PreparedCell, probe: Probe | None = None) -> Any:
-    """Run ``prepared`` in the shell's namespace; return the trailing expression's value.
+def execute(
+    namespace: dict[str, Any],
+    prepared: PreparedCell,
+    probe: Probe | None = None,
+    *,
+    local_ns: Mapping[str, Any] | None = None,
+) -> Any:
+    """Run ``prepared`` with ``namespace`` as its globals (and ``local_ns`` as its locals,
+    when they differ, as in an embedded shell: IPython's ``user_global_ns`` and
+    ``user_ns``); return the trailing expression's value.
 
     Exceptions from the cell propagate unchanged (the caller shows its partial report,
     then re-raises). The probe hooks exist in ``builtins`` only while the cell runs.
@@ -273,7 +392,7 @@ def execute(shell: Any, prepared: PreparedCell, probe: Probe | None = None) -> A
             for role, name in prepared.hook_names.items():
                 installed.append(name)  # first: the finally removes it whatever comes next
                 setattr(builtins, name, hooks[role])
-        glob, loc = shell.user_global_ns, shell.user_ns
+        glob, loc = namespace, namespace if local_ns is None else local_ns
         for code in prepared.body:
             exec(code, glob, loc)
         if prepared.last_expr is not None:
@@ -332,10 +451,15 @@ class Presenter(Protocol[R_contra]):
 
 
 def run_measured(
-    shell: Any, prepared: PreparedCell, run: MeasuredRun[R], presenter: Presenter[R]
+    namespace: dict[str, Any],
+    prepared: PreparedCell,
+    run: MeasuredRun[R],
+    presenter: Presenter[R],
+    *,
+    local_ns: Mapping[str, Any] | None = None,
 ) -> Any:
-    """Run ``prepared`` under ``run``, show the result with ``presenter``, return the cell's
-    value (see :func:`execute`).
+    """Run ``prepared`` in ``namespace`` (and ``local_ns``) under ``run``, show the result
+    with ``presenter``, return the cell's value (see :func:`execute`).
 
     * Every acquisition (``run.start``, ``presenter.start``) happens inside the region whose
       ``finally`` releases it (``run.stop``, ``run.close``, ``presenter.show``): an
@@ -364,7 +488,7 @@ def run_measured(
                     presenter.start()
                     ran = True
                     with held.let_through():
-                        value = execute(shell, prepared, probe)
+                        value = execute(namespace, prepared, probe, local_ns=local_ns)
                 finally:
                     run.stop()
             except BaseException as exc:  # the cell's, or an interrupt of the run's start
