@@ -14,8 +14,18 @@ guarantees for a magic's cell, so that the cell behaves exactly as it would with
   usual (the magic is decorated with ``output_can_be_silenced``).
 * Variables land in ``shell.user_ns``; nothing of the runner's is left there: the probe
   hooks live in ``builtins`` under per-run names for the duration of the run only.
-* A syntax error is shown as IPython shows one for a plain cell (see
-  :func:`install_syntax_error_display`).
+* Errors stop the cell where they stop a plain cell, and are shown as IPython shows them
+  (see :func:`install_syntax_error_display`). IPython parses the whole cell, then compiles
+  and runs it one top-level statement at a time (``InteractiveShell.run_ast_nodes``): a
+  parse error (``print(3``) or an AST transformer's ``InputRejected`` stops the cell before
+  its first line; a statement that parses but does not compile (``return``, ``yield``,
+  ``break``, ``continue`` outside their blocks, ``nonlocal`` at top level) stops it when
+  it is reached, after the statements before it ran. So here too (see :func:`prepare`).
+  One difference remains: with IPython's ``autoawait`` a plain cell may ``await`` at top
+  level, as IPython runs the whole cell as a coroutine; a magic is called synchronously
+  (inside the kernel's running event loop), so its cell's ``await`` is the compile error
+  it is in plain Python and in a plain cell with ``%autoawait off``. IPython's own
+  ``%%time`` does the same.
 
 A measured run (``%%memtrace``, ``%%gpuprofile``): :func:`run_measured` takes the cell
 through one lifecycle, start, a probe before each statement, stop, finish, show (see
@@ -90,6 +100,10 @@ class PreparedCell:
     body: list[CodeType]
     last_expr: CodeType | None  # the trailing expression, evaluated for Out[n]
     hook_names: dict[str, str] = field(default_factory=dict)  # role -> builtins name
+    # the error of the first statement that parsed but does not compile ('return' outside
+    # function): raised by execute when the cell reaches it, as IPython does. ``body``
+    # then ends with that statement's probe call, so a report charges the failure to it.
+    compile_error: Exception | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -244,11 +258,25 @@ def install_syntax_error_display(shell: Any) -> Callable[[], None]:
 # Preparing a cell
 
 
-def prepare(compiler: Compiler, cell: str, header: str | None, *, instrument: bool = False) -> PreparedCell:
+def prepare(
+    compiler: Compiler,
+    cell: str,
+    header: str | None,
+    *,
+    instrument: bool = False,
+    raise_compile_errors: bool = False,
+) -> PreparedCell:
     """Transform, parse and compile ``cell``, with a probe hook before each statement if
     ``instrument``. ``header`` is the magic's own first line (without its newline) for a
     cell magic, whose body then starts at line 2; ``None`` for a line magic's statement or
-    a script, which is line 1. Raises ``SyntaxError`` pointing at the cell's own lines."""
+    a script, which is line 1.
+
+    A parse error raises ``SyntaxError`` here, pointing at the cell's own lines: nothing of
+    the cell runs, as for a plain cell. A statement that parses but does not compile is
+    kept for :func:`execute` to raise when the cell reaches it (``PreparedCell.compile_error``),
+    as IPython does; ``raise_compile_errors`` raises it here instead (a dry run, which
+    only predicts, has nothing to gain from running the statements before it).
+    """
     __tracebackhide__ = True
     transformed = compiler.transform_cell(cell)
     prefix = "" if header is None else header + "\n"
@@ -283,25 +311,46 @@ def prepare(compiler: Compiler, cell: str, header: str | None, *, instrument: bo
 
     body_nodes = list(tree.body)
     last_expr_node = _split_result(body_nodes, compiler.interactivity)
+    body, last, error = _compile_units(
+        compiler, filename, units(body_nodes, hook_names.get("enter")), last_expr_node
+    )
+    if error is not None and raise_compile_errors:
+        raise error
+    return PreparedCell(filename, statements, body, last, hook_names, error)
+
+
+def _compile_units(
+    compiler: Compiler,
+    filename: str,
+    unit_nodes: Iterable[list[ast.stmt]],
+    last_expr: ast.expr | None,
+) -> tuple[list[CodeType], CodeType | None, Exception | None]:
+    """The code of each top-level statement (with its probe call), compiled one at a time as
+    IPython's ``run_ast_nodes`` compiles a plain cell: a docstring before ``from __future__
+    import ...``, or ``global x`` after ``x = 1``, compile alone but not as one module. The
+    first that does not compile ends the list with its probe calls alone, and its error is
+    returned (marked, to be shown as IPython shows a syntax error) instead of raised."""
+    body: list[CodeType] = []
+    unit: list[ast.stmt] = []
     try:
-        # The compiler, as for a plain cell: it applies and remembers __future__ flags. One
-        # top-level statement at a time, as IPython's run_ast_nodes compiles a plain cell: a
-        # docstring before "from __future__ import ...", or "global x" after "x = 1",
-        # compile alone but not as one module. (All are compiled before any runs, so a
-        # syntax error still stops the cell before its first line.)
-        body = [
-            compiler.compile(ast.Module(body=unit, type_ignores=[]), filename, "exec")
-            for unit in units(body_nodes, hook_names.get("enter"))
-        ]
+        for unit in unit_nodes:
+            body.append(compiler.compile(ast.Module(body=unit, type_ignores=[]), filename, "exec"))
+        unit = []
         last = (
-            compiler.compile(ast.Expression(body=last_expr_node), filename, "eval")
-            if last_expr_node is not None
+            compiler.compile(ast.Expression(body=last_expr), filename, "eval")
+            if last_expr is not None
             else None
         )
-    except SyntaxError as err:  # e.g. 'return' outside function: found at compile time
-        setattr(err, _SYNTAX_MARK, True)
-        raise
-    return PreparedCell(filename, statements, body, last, hook_names)
+    # IPython catches anything here (a bad AST from a transformer fails with TypeError);
+    # only a SyntaxError gets the plain cell's display
+    except Exception as err:
+        if isinstance(err, SyntaxError):
+            setattr(err, _SYNTAX_MARK, True)
+        probes = unit[:-1]  # the probe calls before the statement: see instrument.units
+        if probes:
+            body.append(compiler.compile(ast.Module(body=probes, type_ignores=[]), filename, "exec"))
+        return body, None, err.with_traceback(None)
+    return body, last, None
 
 
 def _split_result(body: list[ast.stmt], interactivity: str) -> ast.expr | None:
@@ -380,7 +429,8 @@ def execute(
     ``user_ns``); return the trailing expression's value.
 
     Exceptions from the cell propagate unchanged (the caller shows its partial report,
-    then re-raises). The probe hooks exist in ``builtins`` only while the cell runs.
+    then re-raises), and so does a statement's compile error once the statements before it
+    ran. The probe hooks exist in ``builtins`` only while the cell runs.
     """
     __tracebackhide__ = True
     installed: list[str] = []
@@ -395,6 +445,9 @@ def execute(
         glob, loc = namespace, namespace if local_ns is None else local_ns
         for code in prepared.body:
             exec(code, glob, loc)
+        if prepared.compile_error is not None:
+            # a fresh traceback each time: a cell may run more than once (--repeat)
+            raise prepared.compile_error.with_traceback(None)
         if prepared.last_expr is not None:
             return eval(prepared.last_expr, glob, loc)
         return None
@@ -518,10 +571,13 @@ def run_measured(
 
 def error_text(exc: BaseException, limit: int = 300) -> str:
     """``"ValueError: first line of its message"`` for a report. Never raises: a user's
-    exception whose ``__str__`` raises (or returns a non-string) is named by its type."""
+    exception whose ``__str__`` raises (or returns a non-string) is named by its type. A
+    syntax error gives its message alone, as IPython shows it: its ``str()`` adds the
+    cell's internal file name, and the report names the line already."""
     name = type(exc).__name__
     try:
-        text = str(exc).strip()
+        msg = exc.msg if isinstance(exc, SyntaxError) else None
+        text = (msg if isinstance(msg, str) and msg else str(exc)).strip()
     except Exception:
         return name
     first = text.splitlines()[0] if text else ""

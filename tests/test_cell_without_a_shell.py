@@ -75,6 +75,24 @@ def test_locals_apart_from_globals_as_in_an_embedded_shell():
     assert loc == {"y": 6} and "y" not in glob
 
 
+def test_a_statement_that_does_not_compile_stops_the_cell_when_reached_without_a_shell():
+    from gpumagic.cell import PythonCompiler, execute, prepare
+
+    prepared = prepare(PythonCompiler(), "x = 1\nreturn 5\nz = 3\n", None, instrument=True)
+    assert isinstance(prepared.compile_error, SyntaxError)
+    probe, ns = _Entries(), {}
+    for _ in range(2):  # a cell run twice (--repeat) fails the same way, with a fresh traceback
+        with pytest.raises(SyntaxError, match="'return' outside function") as info:
+            execute(ns, prepared, probe)
+        assert info.value.lineno == 2
+        assert len(info.traceback) == 2  # this test's frame and execute's: nothing piles up
+    assert ns["x"] == 1 and "z" not in ns  # the statement before ran; none after
+    assert probe.entered == [0, 1, 0, 1]  # the failing statement was entered: a report charges it
+    # a dry run wants it before anything runs
+    with pytest.raises(SyntaxError, match="'return' outside function"):
+        prepare(PythonCompiler(), "x = 1\nreturn 5\n", None, raise_compile_errors=True)
+
+
 def test_a_parse_error_stops_the_cell_before_anything_runs_without_a_shell():
     from gpumagic.cell import PythonCompiler, prepare
 

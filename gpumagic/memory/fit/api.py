@@ -207,7 +207,7 @@ def memfit(
         timeout_s=timeout_s,
     )
     # plain Python: no IPython syntax; tracebacks read the source from linecache as <memfit-N>
-    prepared = prepare(PythonCompiler("memfit"), source, None, instrument=True)
+    prepared = prepare(PythonCompiler("memfit"), source, None, instrument=True, raise_compile_errors=True)
     return predict(prepared, namespace if namespace is not None else {}, opts)
 
 
