@@ -221,11 +221,11 @@ class ProfileMagics(Magics):
     # -- %%gpuprofile ---------------------------------------------------------------------------
     def _profile(self, opts: Any, cell: str, line: str) -> Any:
         __tracebackhide__ = True
-        from gpumagic.cell import prepare
+        from gpumagic.cell import ShellCompiler, prepare
 
         shell: Any = self.shell
         prepared = prepare(
-            shell, cell, f"%%gpuprofile {line}".rstrip(), instrument=not opts.no_attribution
+            ShellCompiler(shell), cell, f"%%gpuprofile {line}".rstrip(), instrument=not opts.no_attribution
         )
         # the temporary trace file's name says nothing: a cell is known by its In[n]
         number = running_cell_number(shell)
@@ -271,7 +271,10 @@ class ProfileMagics(Magics):
         mode = "off" if opts.quiet or not last else None
         view = LiveView(live_html, delay=1.0, interval=1.0, mode=mode)
         present, kept = self._presenter(view, opts, earlier, last)
-        value = run_measured(self.shell, prepared, run, LiveResult(view, present))
+        shell: Any = self.shell
+        value = run_measured(
+            shell.user_global_ns, prepared, run, LiveResult(view, present), local_ns=shell.user_ns
+        )
         if last and returns_result(opts) and "result" in kept:
             # -o: the result is the magic's value (Out[] shows it with --rows rows)
             kept["result"].display_rows = opts.rows
