@@ -364,11 +364,13 @@ class Analysis:
         n = len(host.ts)
         host_par, rt_par = self.parents
         dur = host.end - host.ts
+        # float whatever the input: bincount of no rows (no host op nested in another) gives
+        # int64 zeros, which the runtime calls' float durations cannot be added to in place
         child = (
             np.bincount(host_par[host_par >= 0], weights=dur[host_par >= 0], minlength=n)[:n]
             if n
             else np.zeros(0)
-        )
+        ).astype(np.float64, copy=False)
         rt_dur = rt.end - rt.ts
         child += (
             np.bincount(rt_par[rt_par >= 0], weights=rt_dur[rt_par >= 0], minlength=n)[:n]
