@@ -216,13 +216,16 @@ class Analysis:
             np.concatenate([host.end, rt.end]),
             np.concatenate([host.thread, rt.thread]),
         )
-        host_par, rt_par = par[:n], par[n:]
-        # a runtime call is a leaf: nothing nests inside it, and it is never a parent
-        if (host_par >= n).any():
-            host_par = host_par.copy()
-            bad = host_par >= n
-            host_par[bad] = rt_par[host_par[bad] - n]
-        return host_par, rt_par
+        # A runtime call is never a parent: what nests inside one belongs to the runtime
+        # call's own parent. MTIA's runtime spans nest deeper (gif_merge holds
+        # predictor_executor::run, which holds operators and other runtime calls), so the
+        # parent is taken up the chain until it is an operator or none: one step up left
+        # runtime indexes among the host's (an IndexError on HTA's MTIA inference trace).
+        bad = np.flatnonzero(par >= n)
+        while len(bad):
+            par[bad] = par[par[bad]]
+            bad = bad[par[bad] >= n]
+        return par[:n], par[n:]
 
     @cached_property
     def depth(self) -> np.ndarray:
