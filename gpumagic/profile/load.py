@@ -16,8 +16,8 @@ from gpumagic.profile.ranks import (
     reduce_ranks,
 )
 from gpumagic.profile.result import ProfileResult
-from gpumagic.profile.trace.decode import trace_files, unreadable_entries
 from gpumagic.profile.trace.errors import TraceError
+from gpumagic.profile.trace.folders import trace_files, unreadable_entries
 from gpumagic.profile.trace.session import LiveState
 from gpumagic.profile.trace.spans import CodeLabels
 

@@ -15,8 +15,6 @@ reuse the CUDA category names with ``hip*`` runtime calls.
 
 from __future__ import annotations
 
-import errno
-import os
 import re
 import zlib
 from collections.abc import Iterable
@@ -31,6 +29,7 @@ import numpy as np
 
 from gpumagic.profile.trace.args import GpuArgs, MemoryArgs, RuntimeArgs, decode_args
 from gpumagic.profile.trace.categories import event_kinds, trace_notes
+from gpumagic.profile.trace.durations import clip_absurd_durations
 from gpumagic.profile.trace.errors import TraceError
 from gpumagic.profile.trace.flows import correlate_by_flows
 from gpumagic.profile.trace.model import (
@@ -249,41 +248,6 @@ def _decode(
         raise TraceError(source, why) from None
 
 
-# tensorboard_trace_handler writes "<worker>.<timestamp>.pt.trace.json[.gz]"; plain
-# export_chrome_trace files are "*.json" or "*.json.gz".
-_TRACE_SUFFIXES = (".json", ".json.gz")
-
-
-def trace_files(directory: Path) -> list[Path]:
-    """The trace files of a directory of per-rank traces, in a stable order."""
-    files = [p for p in directory.iterdir() if p.is_file() and p.name.endswith(_TRACE_SUFFIXES)]
-    return sorted(files, key=lambda p: p.name)
-
-
-def unreadable_entries(directory: Path) -> list[str]:
-    """Why each entry named like a trace that :func:`trace_files` leaves out is no file: a
-    link whose target is gone, a link loop, a folder. A rank left out without a word loads
-    as a smaller job (issue 25)."""
-    out = []
-    for p in sorted(directory.iterdir(), key=lambda p: p.name):
-        if not p.name.endswith(_TRACE_SUFFIXES) or p.is_file():
-            continue
-        if not p.is_symlink():
-            why = "is a folder" if p.is_dir() else "is not a file"
-        else:
-            try:
-                p.stat()
-                why = f"is a link to {os.readlink(p)}, which is not a file"
-            except OSError as e:
-                why = (
-                    "is a link that loops back on itself"
-                    if e.errno == errno.ELOOP
-                    else f"is a link to {os.readlink(p)}, which does not exist"
-                )
-        out.append(f"{p.name} {why}: it was left out")
-    return out
-
-
 def read_trace(path: str | Path) -> Trace:
     """Decode one trace file into columns (no analysis yet)."""
     p = Path(path)
@@ -355,7 +319,7 @@ def decode_trace(data: bytes, source: str) -> Trace:
     del complete, instants
     if (gpu.correlation < 0).any() and len(runtime.ts):
         correlate_by_flows(data, gpu, runtime, time_base)
-    notes += _clip_absurd_durations(source, (host, runtime, gpu, syncs))
+    notes += clip_absurd_durations(source, (host, runtime, gpu, syncs))
     start, end, n_kept = _extent(source, code, (host, runtime, gpu, syncs))
     dist = meta.distributed
     return Trace(
@@ -437,38 +401,6 @@ def _host_side(
         _host_events(host_sub, threads[:n_host]), py_sub, threads[n_host + n_rt :], labels_raw
     )
     return host, code, _runtime_events(rt_sub, threads[n_host : n_host + n_rt])
-
-
-# No profiler window lasts a day (Kineto's buffers fill in minutes): a longer duration is
-# a corrupt or hand-edited number, and one of 1e308 µs made every sum and percentage of the
-# report infinite or NaN, so rendering it failed (issue 25).
-MAX_EVENT_US = 86_400e6
-
-
-def _clip_absurd_durations(
-    source: str, events: tuple[HostEvents | RuntimeEvents | GpuEvents | SyncEvents, ...]
-) -> list[str]:
-    """End every event longer than :data:`MAX_EVENT_US` (or of no finite length) where the
-    trace's other events end, in place: the recording stopped there, whatever the number
-    written. A note names the file (one of a job's ranks) and the first such event."""
-    bad = [~(x.end - x.ts <= MAX_EVENT_US) for x in events]  # NaN and inf are bad too
-    count = sum(int(b.sum()) for b in bad)
-    if not count:
-        return []
-    ends = [x.end[~b] for x, b in zip(events, bad) if (~b).any()]
-    last = max(float(e.max()) for e in ends) if ends else -np.inf
-    first = ""
-    for x, b in zip(events, bad):
-        rows = np.flatnonzero(b)
-        if len(rows) and not first:
-            r = int(rows[0])
-            first = f"{x.name.at(r)}, written as {float(x.end[r] - x.ts[r]):.3g} µs"
-        x.end[rows] = np.maximum(x.ts[rows], last)
-    what = "1 event lasts" if count == 1 else f"{count} events last"
-    return [
-        f"{Path(source).name}: {what} longer than a day ({first}), which no profiler records: "
-        f"{'it ends' if count == 1 else 'they end'} where the trace's other events end."
-    ]
 
 
 def _extent(
