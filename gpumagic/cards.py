@@ -12,12 +12,25 @@ uncertainty says so.
 Each row names its source: a recording of CUDA's ``deviceQuery`` or PyTorch's out-of-memory
 message on that card (public GitHub issues and repositories), NVIDIA's datasheet where no
 recording was found. Add a card with a source of the same kind.
+
+``specs`` is what ``%gpucheck`` judges a card against (issue 29): dense throughput in FP32
+(CUDA cores), TF32, BF16 and FP16 (tensor cores, FP32 accumulation: what torch's matmuls
+ask cuBLAS for), memory bandwidth, the PCIe link, power, clocks; every number with the
+vendor's datasheet or whitepaper and the table it is in. Datasheets print tensor figures
+"with sparsity" (2:4 structured sparsity doubles them); the dense half is kept here, and the
+note says so. A figure the vendor does not publish is None, never estimated.
+
+The table is a bottom module so that both cores may read it (``memory/fit`` for the
+memory, ``environment/check`` for the rest).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
+
+from gpumagic.card_specs import CardSpecs, Source, Sourced, specs_of
 
 MiB = 2**20
 GiB = 2**30
@@ -35,15 +48,25 @@ class GpuSpec:
     how: str  # what that source recorded
     aliases: tuple[str, ...] = ()
     capability: int | None = None  # the compute capability's major number (sizes cuBLASLt's workspace)
+    specs: CardSpecs | None = None  # what %gpucheck compares with (gpumagic/card_specs.py)
 
 
-GPUS: tuple[GpuSpec, ...] = (
+_MEMORY: tuple[GpuSpec, ...] = (
     GpuSpec(
         "H200", 143771 * MiB - 453 * MiB, 400 * MiB, 143771,
         "https://www.nvidia.com/en-us/data-center/h200/",
         "datasheet: 141 GB HBM3e; nvidia-smi shows 143771 MiB on H200 machines; CUDA's total "
         "taken as that less the H100's driver reserve (453 MiB), within 400 MiB",
-        ("h200-141gb", "h200 sxm", "h200 nvl"),
+        ("h200-141gb", "h200 sxm"),
+        capability=9,
+    ),
+    # The NVL board has the SXM's memory and a lower power limit and throughput (its own
+    # specifications), so it is a row of its own; the memory figures are the H200's.
+    GpuSpec(
+        "H200 NVL", 143771 * MiB - 453 * MiB, 400 * MiB, 143771,
+        "https://www.nvidia.com/en-us/data-center/h200/",
+        "as the H200 (SXM): the datasheet gives both boards 141 GB of HBM3e",
+        ("h200-nvl",),
         capability=9,
     ),
     GpuSpec(
@@ -145,9 +168,19 @@ GPUS: tuple[GpuSpec, ...] = (
     ),
 )
 
+# Each row with what %gpucheck compares it with (gpumagic/card_specs.py).
+GPUS: tuple[GpuSpec, ...] = tuple(dataclasses.replace(g, specs=specs_of(g.name)) for g in _MEMORY)
+
+__all__ = [
+    "GPUS", "CardSpecs", "GiB", "GpuSpec", "MiB", "Source", "Sourced", "find_gpu", "find_specs",
+    "gpu_names", "name_form",
+]  # fmt: skip
+
 
 # Words in the names drivers give cards that say nothing about their memory.
 _NOISE = re.compile(r"nvidia|geforce|tesla|generation|sxm\d?|pcie|hbm3e?|[^a-z0-9]+")
+# The board form a name states, where it states one ("NVIDIA H100 PCIe", "A100-SXM4-80GB").
+_FORMS = (("sxm", "SXM"), ("pcie", "PCIe"), ("nvl", "NVL"))
 
 
 def _key(name: str) -> str:
@@ -163,6 +196,30 @@ def find_gpu(name: str) -> GpuSpec | None:
         if wanted in {_key(gpu.name), *(_key(a) for a in gpu.aliases)}:
             return gpu
     return None
+
+
+def name_form(name: str) -> str | None:
+    """The board form a card's name states (``SXM``, ``PCIe``, ``NVL``), None when it says none."""
+    lower = name.lower()
+    return next((form for word, form in _FORMS if word in lower), None)
+
+
+def find_specs(name: str) -> tuple[GpuSpec | None, CardSpecs | None, str]:
+    """The row for the card NVML or torch names ``name``, its specifications, and why there
+    are none where there are none (no row; a row without a datasheet; a name stating another
+    board form than the one the figures are for, whose power, clocks and bandwidth differ)."""
+    row = find_gpu(name)
+    if row is None:
+        return None, None, f"{name} is not in gpumagic's card table"
+    if row.specs is None:
+        return row, None, f"the card table has no published specification for the {row.name}"
+    form = name_form(name)
+    if form is not None and form != row.specs.form:
+        return row, None, (
+            f"the card table's {row.name} figures are for the {row.specs.form} board, and "
+            f"{name} is a {form} board (other clocks, power and bandwidth)"
+        )
+    return row, row.specs, ""
 
 
 def gpu_names() -> list[str]:
