@@ -33,7 +33,7 @@ def test_gpucheck_without_a_gpu_checks_the_host_and_says_what_it_could_not(show,
     r = ip.user_ns["_gpucheck"]
     assert isinstance(r, GpuCheck) and r is last_check()
     text = out.plain()
-    assert [m.key for m in r.host.measurements][0] == "cpu_matmul"
+    assert r.host.measurements[0].key == "cpu_matmul"
     assert "FP32 matmul, torch's threads" in text and "memory copy" in text
     assert any(line.startswith("Not measured: the GPU measurements") for line in r.unchecked)
     if r.findings:
