@@ -19,13 +19,15 @@ from gpumagic.environment.check.facts import CardCheck, HostFacts
 from gpumagic.environment.check.findings import below_spec, pinned_copies, tf32_off
 from gpumagic.environment.check.judge import threads
 from gpumagic.environment.check.measurements import (
+    LoadSample,
     Measurement,
+    Sizes,
     attach_spec,
     matmul,
+    measure_device,
     measure_host,
     memory_copy,
     tf32,
-    transfers,
 )
 from gpumagic.environment.check.run import run_check
 from gpumagic.environment.collect import _torch_flags
@@ -49,11 +51,30 @@ def test_the_host_is_measured_for_real():
     assert found[0].size == f"256×256 float32, {threads_before} thread{'s' if threads_before != 1 else ''}"
 
 
-def test_transfers_and_copies_time_what_they_say():
+def test_a_cards_figures_are_the_same_code_run_on_the_cpu():
+    """measure_device on the CPU at tiny sizes: what CUDA runs, less the pinned memory a CPU
+    build cannot allocate; the probe is read while the BF16 matmul and the copy run."""
+    _, specs, _ = find_specs("NVIDIA GeForce RTX 4090")
+    probed = []
+
+    def probe():
+        probed.append(1)
+        return LoadSample(sm_clock=2520 + len(probed))
+
+    sizes = Sizes(fp32=64, tensor=64, memory=2 * 2**20, transfer=2**20, launches=50)
+    found, load, link = measure_device(torch, "cpu", sizes, 0.005, specs, probe, pinned=False)
+    assert [m.key for m in found] == [
+        "fp32", "tf32", "bf16", "fp16", "memory", "h2d_pageable", "d2h_pageable", "launch"
+    ]
+    assert all(m.value > 0 and m.calls >= 3 for m in found)
+    assert (load.sm_clock, link, len(probed)) == (2521, None, 1)  # no pinned copy: no link read
+    sizes_of = {m.key: m.size for m in found}
+    assert sizes_of["bf16"] == "64×64 bfloat16" and sizes_of["memory"] == "2 MiB"
+    specs_of = {m.key: m.spec for m in found}
+    assert specs_of["bf16"] == pytest.approx(165.2 * T) and specs_of["launch"] is None
+    assert specs_of["h2d_pageable"] == pytest.approx(pcie_bandwidth(4, 16))
     m = memory_copy(torch, "cpu", "memory", 4 * 2**20, 0.01)
     assert m.size == "4 MiB" and m.value > 0
-    found = transfers(torch, "cpu", 2**20, 0.01) if torch.cuda.is_available() else []
-    assert all(x.value > 0 for x in found)
 
 
 @pytest.mark.parametrize(
@@ -176,3 +197,30 @@ def test_the_result_is_data(nvml, with_cuda_torch):
     assert data["findings"][0]["code"] == "power-capped"
     assert data["host"]["measurements"][0]["key"] == "cpu_matmul"
     assert os.getpid() not in (data["cards"][0]["reading"]["other_processes"] or [])
+
+
+# --- on a GPU ------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_gpucheck_on_a_gpu_measures_each_card_and_gives_its_memory_back():
+    """Every figure of cuda:0 measured and set beside the specification where the table has
+    one, NVML read under load, the user's TF32 setting and the allocator's memory as they were
+    (the plausible ranges against the specification are tools/gpu_cells.py's gpucheck)."""
+    flags = _torch_flags(torch)
+    torch.cuda.synchronize()
+    allocated = torch.cuda.memory_allocated(0)
+    r = gpucheck(seconds=0.1, devices=[0])
+    assert _torch_flags(torch) == flags
+    assert torch.cuda.memory_allocated(0) == allocated
+    (card,) = r.cards
+    assert card.cuda_index == 0 and card.reading.name == torch.cuda.get_device_name(0)
+    keys = [m.key for m in card.measurements]
+    assert keys == ["fp32", "tf32", "bf16", "fp16", "memory", "h2d_pinned", "d2h_pinned",
+                    "h2d_pageable", "d2h_pageable", "launch"]  # fmt: skip
+    assert all(m.value > 0 and m.calls >= 3 and m.device == "cuda:0" for m in card.measurements)
+    if card.specs is not None:
+        assert all(m.spec and m.spec_source for m in card.measurements if m.key in ("bf16", "memory"))
+    assert card.load is not None and card.load.sm_clock and card.load.sm_clock > 0
+    assert card.link_load is not None and card.link_load.pcie_gen
+    assert "cpu-only-torch" not in r.codes

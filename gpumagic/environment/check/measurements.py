@@ -169,13 +169,13 @@ def memory_copy(torch: Any, device: str, key: str, nbytes: int, seconds: float) 
 
 
 def transfers(torch: Any, device: str, nbytes: int, seconds: float,
-              during: Callable[[], object] | None = None) -> list[Measurement]:  # fmt: skip
-    """Host to device and back, from pageable and from pinned host memory."""
+              during: Callable[[], object] | None = None, pinned: bool = True) -> list[Measurement]:  # fmt: skip
+    """Host to device and back, from pinned host memory (``pinned``) and from pageable."""
     on_device = torch.empty(nbytes, dtype=torch.uint8, device=device)
     found = []
-    for pinned in (True, False):
-        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned).fill_(1)
-        kind = "pinned" if pinned else "pageable"
+    for pin in (True, False) if pinned else (False,):
+        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin).fill_(1)
+        kind = "pinned" if pin else "pageable"
 
         def up(h: Any = host) -> object:
             return on_device.copy_(h, non_blocking=True)
@@ -183,7 +183,7 @@ def transfers(torch: Any, device: str, nbytes: int, seconds: float,
         def down(h: Any = host) -> object:
             return h.copy_(on_device, non_blocking=True)
 
-        t, calls = per_call(torch, device, up, seconds, during if pinned else None)
+        t, calls = per_call(torch, device, up, seconds, during if pin else None)
         found.append(Measurement(device, f"h2d_{kind}", nbytes / t, _size(nbytes), calls))
         t, calls = per_call(torch, device, down, seconds)
         found.append(Measurement(device, f"d2h_{kind}", nbytes / t, _size(nbytes), calls))
@@ -202,32 +202,53 @@ def launch(torch: Any, device: str, launches: int = 2000) -> Measurement:
                        "one element, x.add_(1)", launches)  # fmt: skip
 
 
-def measure_gpu(torch: Any, index: int, specs: CardSpecs | None, seconds: float,
-                probe: Probe | None = None) -> tuple[list[Measurement], LoadSample | None, LoadSample | None]:  # fmt: skip
-    """Every figure of CUDA device ``index``, with the specification's beside each, and what
-    NVML read while a BF16 matmul (clocks, power) and a pinned copy (the link) ran."""
-    device = f"cuda:{index}"
-    free, _ = torch.cuda.mem_get_info(index)
-    # three n x n matrices: 8192 in 16 bits is 400 MB, a MIG slice's 10 GB takes it
-    big = 8192 if free > 2 * 3 * 8192**2 * 4 else 4096
+@dataclass(frozen=True)
+class Sizes:
+    """What each figure times: the FP32 matmul's and the tensor-core matmuls' n, the bytes of
+    the device copy and of the transfers, the number of launches."""
+
+    fp32: int = 4096
+    tensor: int = 8192
+    memory: int = 1024 * MiB
+    transfer: int = 256 * MiB
+    launches: int = 2000
+
+
+def measure_device(torch: Any, device: str, sizes: Sizes, seconds: float, specs: CardSpecs | None,
+                   probe: Probe | None = None, pinned: bool = True) -> tuple[list[Measurement], LoadSample | None, LoadSample | None]:  # fmt: skip
+    """Every figure of ``device``, with the specification's beside each, and what ``probe``
+    read while a BF16 matmul (clocks, power) and a pinned copy (the link) kept it busy."""
     loads: dict[str, LoadSample | None] = {}
 
     def sample(name: str) -> Callable[[], object]:
         return lambda: loads.__setitem__(name, probe() if probe is not None else None)
 
     found = [
-        matmul(torch, device, "fp32", 4096, seconds),
-        matmul(torch, device, "tf32", big, seconds),
-        matmul(torch, device, "bf16", big, seconds, during=sample("matmul")),
-        matmul(torch, device, "fp16", big, seconds),
-        memory_copy(torch, device, "memory", min(1024 * MiB, free // 4), seconds),
-        *transfers(torch, device, 256 * MiB, seconds, during=sample("copy")),
-        launch(torch, device),
+        matmul(torch, device, "fp32", sizes.fp32, seconds),
+        matmul(torch, device, "tf32", sizes.tensor, seconds),
+        matmul(torch, device, "bf16", sizes.tensor, seconds, during=sample("matmul")),
+        matmul(torch, device, "fp16", sizes.tensor, seconds),
+        memory_copy(torch, device, "memory", sizes.memory, seconds),
+        *transfers(torch, device, sizes.transfer, seconds, sample("copy"), pinned),
+        launch(torch, device, sizes.launches),
     ]
-    torch.cuda.empty_cache()
     for m in found:
         attach_spec(m, specs)
     return found, loads.get("matmul"), loads.get("copy")
+
+
+def measure_gpu(torch: Any, index: int, specs: CardSpecs | None, seconds: float,
+                probe: Probe | None = None) -> tuple[list[Measurement], LoadSample | None, LoadSample | None]:  # fmt: skip
+    """:func:`measure_device` on CUDA device ``index``, sized to its free memory, which it
+    gives back after (the caching allocator's blocks too)."""
+    free, _ = torch.cuda.mem_get_info(index)
+    # three n x n matrices: 8192 in 32 bits is 800 MB, a MIG slice's 10 GB takes it
+    tensor = 8192 if free > 2 * 3 * 8192**2 * 4 else 4096
+    sizes = Sizes(tensor=tensor, memory=min(1024 * MiB, free // 4))
+    try:
+        return measure_device(torch, f"cuda:{index}", sizes, seconds, specs, probe)
+    finally:
+        torch.cuda.empty_cache()
 
 
 def attach_spec(m: Measurement, specs: CardSpecs | None) -> None:
