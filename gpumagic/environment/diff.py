@@ -4,14 +4,14 @@ to change speed first, each with a line on why it matters, and what cannot matte
 Each environment (a saved file, or this machine now: :mod:`gpumagic.environment.saved`) is
 flattened into facts, ``setting -> value``, each with its tier and why. Tiers, in order:
 
-- ``speed``: known to change speed, ranked card, clocks and limits, link, driver and
-  libraries, the TF32/cuDNN flags and matmul precision, CPU threads, visible devices and
+- ``speed``: settings known to change speed, ranked card, clocks and limits, link, driver
+  and libraries, the TF32/cuDNN flags and matmul precision, CPU threads, visible devices and
   the environment variables that change what torch does;
+- ``measured``: figures a ``%gpucheck`` measured on both sides, listed only when they differ
+  by more than :data:`MEASURED_TOLERANCE` (every run differs a little; on a shared machine
+  noise alone can pass it, so a setting above is the lead and a figure its evidence);
 - ``maybe``: can matter for some work (Python, the platform, numpy, allocator settings);
 - ``none``: cannot change speed (where Python lives, a plotting package's version).
-
-Measured figures (a check's, when both sides ran one) differ a little on every run: they are
-listed only when they differ by more than :data:`MEASURED_TOLERANCE`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from gpumagic.render.sections import Report
 
-TIERS = ("speed", "maybe", "none")
+TIERS = ("speed", "measured", "maybe", "none")
 MEASURED_TOLERANCE = 0.15
 
 # Ranks inside the speed tier: the card first, environment variables last.
@@ -89,7 +89,7 @@ class Difference:
 @dataclass(repr=False)
 class EnvDiff(Rendered):
     """What differs between ``a`` and ``b`` (their labels: file names or "this machine"),
-    ranked (module docstring); ``same``: how many compared settings are equal."""
+    ranked (module docstring); ``same``: how many compared settings and figures are equal."""
 
     a: str
     b: str
@@ -98,6 +98,7 @@ class EnvDiff(Rendered):
     a_saved_at: float | None = None
     b_saved_at: float | None = None
     notes: tuple[str, ...] = ()
+    tolerance: float = MEASURED_TOLERANCE  # measured figures closer than this count as equal
 
     def tier(self, name: str) -> list[Difference]:
         return [d for d in self.differences if d.tier == name]
@@ -258,7 +259,7 @@ def _check_facts(check: dict[str, Any] | None) -> Iterator[tuple[str, Fact]]:
 def _measured(m: dict[str, Any]) -> Fact:
     value = float(m.get("value") or 0.0)
     return Fact(
-        _figure(value, str(m.get("unit"))), "speed", MEASURED,
-        f"measured by %gpucheck on each machine (differences under {MEASURED_TOLERANCE:.0%} are taken as noise)",
+        _figure(value, str(m.get("unit"))), "measured", MEASURED,
+        f"measured by %gpucheck on each side; a difference over {MEASURED_TOLERANCE:.0%}",
         value,
     )  # fmt: skip

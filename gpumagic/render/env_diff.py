@@ -14,13 +14,14 @@ if TYPE_CHECKING:
 
 _TITLES = {
     "speed": "known to change speed",
+    "measured": "measured figures that differ",
     "maybe": "may matter",
     "none": "cannot change speed",
 }
 
 
 def _when(t: float | None) -> str:
-    return datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M") if t else "now"
+    return datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M") if t else "time unknown"
 
 
 def _table(rows: list[Difference], a: str, b: str, why: bool = True) -> Table:
@@ -35,17 +36,25 @@ def _table(rows: list[Difference], a: str, b: str, why: bool = True) -> Table:
 
 
 def env_diff_report(d: EnvDiff) -> Report:
-    speed, maybe, none = d.tier("speed"), d.tier("maybe"), d.tier("none")
-    count = len(d.differences)
-    summary = (
-        f"{count} setting{'s' if count != 1 else ''} differ, {len(speed)} known to change speed"
-        if count
-        else "nothing differs"
-    )
+    speed, measured = d.tier("speed"), d.tier("measured")
+    maybe, none = d.tier("maybe"), d.tier("none")
+    count = len(d.differences) - len(measured)
+    parts = []
+    if count:
+        verb = "differs" if count == 1 else "differ"
+        parts.append(f"{count} setting{'s' if count != 1 else ''} {verb}, {len(speed)} known to change speed")
+    if measured:
+        parts.append(f"{len(measured)} measured figure{'s' if len(measured) != 1 else ''} beyond the noise")
+    summary = "; ".join(parts) or "nothing differs"
     sections: list[Section] = [Paragraph(f"{summary}; {d.same} the same.", "plain")]
     sections += [Paragraph(note) for note in d.notes]
     if speed:
         sections += [Heading(_TITLES["speed"], "each with why it matters"), _table(speed, d.a, d.b)]
+    if measured:
+        sections += [
+            Heading(_TITLES["measured"], f"by %gpucheck on each side, beyond {d.tolerance:.0%}"),
+            _table(measured, d.a, d.b, why=False),
+        ]
     if maybe:
         sections += [Heading(_TITLES["maybe"]), _table(maybe, d.a, d.b)]
     if none:

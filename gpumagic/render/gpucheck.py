@@ -67,11 +67,10 @@ def _finding(f: CheckFinding) -> Box:
 
 
 def _nothing_found(r: GpuCheck) -> Paragraph:
-    what = (
-        "the readings match each card's defaults" + (" and the figures its specification" if r.measured else "")
-        if r.cards
-        else "the host's settings and figures look as they should"
-    )
+    if not r.cards:
+        return Paragraph("Nothing found on the host.", "info", css="gm-nothing-found")
+    what = "the readings match each card's defaults"
+    what += " and the figures its specification" if r.measured else ""
     return Paragraph(f"Nothing found: {what}.", "info", css="gm-nothing-found")
 
 

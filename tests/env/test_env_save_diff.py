@@ -130,8 +130,9 @@ def test_cannot_matter_is_listed_last_and_folded_and_figures_have_a_tolerance(tm
     b = type(a)(env_b, check_b, "b.json")
     d = diff(a, b)
     assert d.settings == ["host: memory copy", "package numpy", "Python executable", "package matplotlib"]
-    assert [x.tier for x in d.differences] == ["speed", "maybe", "none", "none"]
+    assert [x.tier for x in d.differences] == ["measured", "maybe", "none", "none"]
     html = d._html()
+    assert "3 settings differ, 0 known to change speed; 1 measured figure beyond the noise" in d._text()
     assert "<details><summary>cannot change speed (2)</summary>" in html  # folded
 
 
