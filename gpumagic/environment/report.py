@@ -11,9 +11,7 @@ from gpumagic.render.html import Rendered
 
 if TYPE_CHECKING:
     import os
-    from pathlib import Path
 
-    from gpumagic.environment.check.result import GpuCheck
     from gpumagic.environment.freeze import FreezeResult
     from gpumagic.render.sections import Report
 
@@ -97,13 +95,6 @@ class EnvReport(Rendered):
         from gpumagic.environment.freeze import freeze
 
         return freeze(path, self)
-
-    def save(self, path: str | os.PathLike[str], check: GpuCheck | None = None) -> Path:
-        """Write this report as JSON (with ``check``, a ``gpumagic.gpucheck()`` result, beside
-        it), for ``gpumagic.env_diff`` and ``%gpuenv --diff`` (gpumagic/environment/saved.py)."""
-        from gpumagic.environment.saved import save
-
-        return save(path, self, check)
 
     def _report(self) -> Report:
         from gpumagic.render.env import env_report

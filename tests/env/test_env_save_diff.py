@@ -111,6 +111,12 @@ def test_the_file_is_data_with_a_format_version(tmp_path, show, ip, settings):
     assert data["check"]["host"]["measurements"][0]["key"] == "cpu_matmul"
     assert "and the %gpucheck of" in out.plain()
     assert load(path).check == data["check"]
+    # from a script
+    from gpumagic.environment import save
+
+    written = save(tmp_path / "script.json", check=_last[0])
+    again = load(written)
+    assert again.check == data["check"] and again.env["flags"] == data["env"]["flags"]
 
 
 def test_cannot_matter_is_listed_last_and_folded_and_figures_have_a_tolerance(tmp_path):
