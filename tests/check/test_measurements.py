@@ -179,6 +179,17 @@ def test_too_many_torch_threads_is_found_with_the_measured_figures(nvml, here):
     assert f.cost == pytest.approx(1 - usable / (usable + 2))
 
 
+def test_a_cpu_only_torch_beside_a_driver_nvml_cannot_read():
+    from gpumagic.environment.check.judge import cpu_only_torch
+
+    host = HostFacts("2.13.0+cpu", "CPU-only", False, True, "570.124.06", 2, 2, 2)
+    (f,) = cpu_only_torch([], host)
+    assert f.code == "cpu-only-torch" and f.title == "a CPU-only torch beside an NVIDIA driver"
+    assert f.evidence == "torch 2.13.0+cpu (CPU-only); the NVIDIA driver 570.124.06 is loaded"
+    no_driver = HostFacts("2.13.0+cpu", "CPU-only", False, False, None, 2, 2, 2)
+    assert cpu_only_torch([], no_driver) == []
+
+
 def test_few_threads_on_many_cpus_is_a_note():
     host = HostFacts("2.13.0", "CUDA 12.8", True, True, "570.1", torch_threads=2, usable_cpus=16, affinity=16)
     (f,) = threads(host)

@@ -43,23 +43,29 @@ def _cards(cards: list[CardCheck]) -> str:
 
 
 def cpu_only_torch(cards: list[CardCheck], host: HostFacts) -> list[CheckFinding]:
-    if not cards or host.torch_version is None or host.cuda_available:
+    """A torch that cannot use the cards NVML lists (or, without NVML, the driver found)."""
+    if host.torch_version is None or host.cuda_available or not (cards or host.driver_present):
         return []
     driver = f" (driver {host.driver_version})" if host.driver_version else ""
+    version = f" {host.driver_version}" if host.driver_version else ""
+    seen = f"NVML lists {_cards(cards)}{driver}" if cards else f"the NVIDIA driver{version} is loaded"
     if host.torch_build == "CPU-only":
         return [CheckFinding(
-            "cpu-only-torch", "error", "host", f"a CPU-only torch beside {_cards(cards)}",
+            "cpu-only-torch", "error", "host",
+            f"a CPU-only torch beside {_cards(cards) if cards else 'an NVIDIA driver'}",
             "this torch was built without CUDA: every tensor stays on the CPU and the card "
             "does nothing for this kernel",
-            f"torch {host.torch_version} ({host.torch_build}); NVML lists {_cards(cards)}{driver}",
+            f"torch {host.torch_version} ({host.torch_build}); {seen}",
             f"install a CUDA build of torch (the CUDA variant at {TORCH_INSTALL}, installed "
             "with its --index-url), then restart the kernel",
             1.0,
         )]  # fmt: skip
+    if not cards:
+        return []  # a GPU build without a card NVML lists: %gpuenv's findings say why
     return [CheckFinding(
         "cuda-unavailable", "error", "host", f"torch cannot use {_cards(cards)}",
         "torch is a GPU build but torch.cuda.is_available() is False, so nothing runs on the card",
-        f"torch {host.torch_version} ({host.torch_build}); NVML lists {_cards(cards)}{driver}",
+        f"torch {host.torch_version} ({host.torch_build}); {seen}",
         "run %gpuenv for the reason torch gives (a driver too old for its CUDA, "
         "CUDA_VISIBLE_DEVICES); restart the kernel after fixing it",
         1.0,
