@@ -52,7 +52,7 @@ def fmt_figure(value: float | None, unit: str) -> str:
 
 
 def _finding(f: CheckFinding) -> Box:
-    cost = f" (costs up to {f.cost:.0%} of the speed)" if f.cost and f.cost >= 0.01 else ""
+    cost = f" (may cost up to {f.cost:.0%} of {f.cost_of})" if f.cost and f.cost >= 0.01 else ""
     return Box(
         [
             Paragraph(f"{_MARK.get(f.level, '-')} {f.level} · {f.device}: {f.title}{cost}", "plain"),

@@ -89,7 +89,7 @@ def test_a_cards_figures_are_the_same_code_run_on_the_cpu():
 )
 def test_tf32_on_or_off_for_a_measurement_leaves_the_users_setting_as_it_was(setup):
     matmul_ = torch.backends.cuda.matmul
-    saved = matmul_.fp32_precision
+    saved = torch.get_float32_matmul_precision(), matmul_.fp32_precision
     try:
         setup()
         before = _torch_flags(torch)
@@ -97,11 +97,10 @@ def test_tf32_on_or_off_for_a_measurement_leaves_the_users_setting_as_it_was(set
             with tf32(torch, on):
                 assert matmul_.fp32_precision == ("tf32" if on else "ieee")
                 matmul(torch, "cpu", "tf32" if on else "fp32", 64, 0.001)
-            after = _torch_flags(torch)
-            assert after == before
-            assert not any(str(v).startswith("error") for v in after.values()), after
-    finally:
-        matmul_.fp32_precision = saved
+            assert _torch_flags(torch) == before  # errors included: torch refuses some mixes itself
+    finally:  # both of torch 2.9's settings back as they were, for the tests after this one
+        torch.set_float32_matmul_precision(saved[0])
+        matmul_.fp32_precision = saved[1]
 
 
 def test_each_figure_sits_beside_the_cards_with_its_source():

@@ -33,7 +33,8 @@ HOT_MARGIN_C = 5
 class CheckFinding:
     """One problem: ``title`` in a line; ``cause`` what it does to the work; ``evidence``
     the readings and figures that show it; ``fix`` what to do; ``cost`` the share of speed
-    it may take (0-1, None when it costs none or cannot be put as one number)."""
+    it may take (0-1, None when it costs none or cannot be put as one number) and
+    ``cost_of`` what that share is of (the clocks, host-device copies, CPU ops)."""
 
     code: str
     level: str
@@ -43,6 +44,7 @@ class CheckFinding:
     evidence: str
     fix: str
     cost: float | None = None
+    cost_of: str = "the card's speed"
 
 
 def rank(found: list[CheckFinding]) -> list[CheckFinding]:
@@ -106,7 +108,7 @@ def power_capped(card: CardCheck) -> list[CheckFinding]:
             ),
             f"`sudo nvidia-smi -i {r.nvml_index} -pl {r.power_default:.0f}` as root (it lasts "
             "until a reboot or a driver reload), or ask your admin why it was lowered",
-            1 - r.power_limit / r.power_default,
+            1 - r.power_limit / r.power_default, "the clocks under load",
         )
     ]  # fmt: skip
 
@@ -141,7 +143,7 @@ def thermal(card: CardCheck) -> list[CheckFinding]:
             "case, cards packed side by side), or lower the power limit a little "
             f"(`sudo nvidia-smi -i {r.nvml_index} -pl WATTS`), which costs less speed than "
             "throttling; in a data centre, report the node",
-            _share_lost(now, top) if hot else None,
+            _share_lost(now, top) if hot else None, "the clocks",
         )
     ]  # fmt: skip
 
@@ -157,7 +159,7 @@ def power_brake(card: CardCheck) -> list[CheckFinding]:
             _join("clock-event reason hw_power_brake_slowdown active", clock),
             "check the power supply and the card's power cables (every connector seated, no "
             "adapter splitting one cable); in a server, report the node",
-            _share_lost(now, top) or 0.5,
+            _share_lost(now, top) or 0.5, "the clocks",
         )
     ]  # fmt: skip
 
@@ -174,7 +176,7 @@ def clocks_held(card: CardCheck) -> list[CheckFinding]:
             _join("clock-event reason applications_clocks_setting active", clock),
             f"`sudo nvidia-smi -i {r.nvml_index} -rac` and `-rgc` reset the applications and "
             "locked clocks, or ask whoever set them",
-            _share_lost(now, top),
+            _share_lost(now, top), "the clocks",
         )
     ]  # fmt: skip
 
@@ -212,7 +214,7 @@ def pcie_link(card: CardCheck) -> list[CheckFinding]:
             "seat the card in a x16 slot wired to the CPU (the board manual's lane table: a "
             "second x16 slot often runs x8 or x4 through the chipset); a riser cable or an "
             "M.2 adapter gives x4; set the slot to its full generation (or Auto) in the BIOS",
-            1 - have / full if full else None,
+            1 - have / full if full else None, "host-device copies",
         )
     ]  # fmt: skip
 
@@ -251,7 +253,7 @@ def mig_slice(card: CardCheck) -> list[CheckFinding]:
             "compare the slice with its share of the card, not with the whole card; for the "
             f"whole card, ask your admin to turn MIG off (`nvidia-smi -i {card.reading.nvml_index} "
             "-mig 0`, then a GPU reset) or for a larger slice",
-            1 - share if share is not None else None,
+            1 - share if share is not None else None, "the whole card",
         )
     ]  # fmt: skip
 
@@ -307,14 +309,14 @@ def compute_mode(card: CardCheck) -> list[CheckFinding]:
             "compute-prohibited", "error", card.label, "compute mode Prohibited",
             "no process may start CUDA work on this card",
             "nvmlDeviceGetComputeMode: Prohibited",
-            f"`sudo nvidia-smi -i {r.nvml_index} -c DEFAULT`, or ask your admin", 1.0,
+            f"`sudo nvidia-smi -i {r.nvml_index} -c DEFAULT`, or ask your admin", 1.0, "the GPU's work",
         )]  # fmt: skip
     if r.compute_mode == "Exclusive_Process" and r.other_processes:
         return [CheckFinding(
             "compute-exclusive", "error", card.label, "another process holds this card exclusively",
             "in Exclusive_Process mode one process at a time may use the card, and another one has it",
             f"compute mode Exclusive_Process; other processes: {', '.join(map(str, r.other_processes))}",
-            "stop the other process, choose another card (%gpuselect), or ask for DEFAULT mode", 1.0,
+            "stop the other process, choose another card (%gpuselect), or ask for DEFAULT mode", 1.0, "the GPU's work",
         )]  # fmt: skip
     return []
 
@@ -334,7 +336,7 @@ def busy(card: CardCheck) -> list[CheckFinding]:
                   f"other compute processes: {', '.join(map(str, others))}" if others else "",
                   f"memory used {fmt_bytes(r.memory_used)} of {fmt_bytes(r.memory_total)}"),
             "wait for the other work to end, or choose an idle card (%gpuselect, before CUDA starts)",
-            (r.utilization or 0) / 100 or None,
+            (r.utilization or 0) / 100 or None, "the card's time",
         )
     ]  # fmt: skip
 
@@ -360,7 +362,7 @@ def below_spec(card: CardCheck) -> list[CheckFinding]:
             f"measured {show(m.value)} ({m.size}), specification {show(m.spec)} ({m.spec_source})",
             "run %gpucheck again on an idle card; if it stays low, compare with `nvidia-smi -q "
             "-d PERFORMANCE,CLOCK` under load and ask your provider",
-            1 - ratio,
+            1 - ratio, m.name,
         ))  # fmt: skip
     return found
 

@@ -58,7 +58,7 @@ def cpu_only_torch(cards: list[CardCheck], host: HostFacts) -> list[CheckFinding
             f"torch {host.torch_version} ({host.torch_build}); {seen}",
             f"install a CUDA build of torch (the CUDA variant at {TORCH_INSTALL}, installed "
             "with its --index-url), then restart the kernel",
-            1.0,
+            1.0, "the GPU's work",
         )]  # fmt: skip
     if not cards:
         return []  # a GPU build without a card NVML lists: %gpuenv's findings say why
@@ -68,7 +68,7 @@ def cpu_only_torch(cards: list[CardCheck], host: HostFacts) -> list[CheckFinding
         f"torch {host.torch_version} ({host.torch_build}); {seen}",
         "run %gpuenv for the reason torch gives (a driver too old for its CUDA, "
         "CUDA_VISIBLE_DEVICES); restart the kernel after fixing it",
-        1.0,
+        1.0, "the GPU's work",
     )]  # fmt: skip
 
 
@@ -88,7 +88,7 @@ def busy_card_chosen(cards: list[CardCheck], hidden: list[CardCheck]) -> list[Ch
         f"{free.reading.nvml_index} ({free.reading.name}): idle, hidden by CUDA_VISIBLE_DEVICES",
         f"restart the kernel with CUDA_VISIBLE_DEVICES={free.reading.nvml_index}, or run "
         "%gpuselect first in a new kernel (before CUDA starts)",
-        (busy.reading.utilization or 0) / 100 or None,
+        (busy.reading.utilization or 0) / 100 or None, "the card's time",
     )]  # fmt: skip
 
 
@@ -110,7 +110,7 @@ def threads(host: HostFacts) -> list[CheckFinding]:
             "; ".join(p for p in (f"torch.get_num_threads() = {t}; CPUs this process may use "
                       f"(affinity, cgroup quota) = {usable}", scaling) if p),
             f"torch.set_num_threads({usable}), or OMP_NUM_THREADS={usable} before the kernel starts",
-            1 - usable / t,
+            1 - usable / t, "CPU ops",
         )]  # fmt: skip
     if usable >= 4 and t <= usable // 2:
         return [CheckFinding(
@@ -119,7 +119,7 @@ def threads(host: HostFacts) -> list[CheckFinding]:
             "; ".join(p for p in (f"torch.get_num_threads() = {t}; usable CPUs = {usable}", scaling) if p),
             f"torch.set_num_threads({usable}) if nothing else needs the cores (OMP_NUM_THREADS "
             "set low, or another torch.set_num_threads call, is the usual cause)",
-            1 - t / usable,
+            1 - t / usable, "CPU ops",
         )]  # fmt: skip
     return []
 
