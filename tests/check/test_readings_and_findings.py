@@ -155,6 +155,21 @@ def test_what_nvml_cannot_read_is_named_and_never_judged(nvml, with_cuda_torch):
     assert "default power limit: not supported on this card" in r._text()
 
 
+def test_a_card_nvml_cannot_open_leaves_the_others_read(nvml, with_cuda_torch):
+    class LostOne(type(nvml([]))):
+        def nvmlDeviceGetHandleByIndex(self, index):
+            if index == 0:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+            return index
+
+    fake = LostOne([S.HEALTHY_4090, S.POWER_CAPPED_4090])
+    r = run_check(measure=False, nvml=fake, env=with_cuda_torch)
+    lost, capped = r.cards
+    assert capped.reading.power_limit == 250.0
+    assert lost.reading.unreadable == {"the card": "NVMLError_GpuIsLost: GPU is lost"}
+    assert r.codes == ["power-capped"] and r.findings[0].device == "cuda:1"
+
+
 def test_no_nvml_says_why(nvml, with_cuda_torch):
     class NoDriver(type(nvml([]))):
         def nvmlInit(self):
@@ -187,7 +202,10 @@ def test_cuda_visible_devices_pointing_at_the_busy_card(nvml, with_cuda_torch, m
     assert set(r.codes) == {"gpu-busy", "busy-card-chosen"}
     chosen = only(r, "busy-card-chosen")
     assert "GPU 1" in chosen.title and "CUDA_VISIBLE_DEVICES=1" in chosen.fix
-    assert "other compute processes: 4242" in only(r, "gpu-busy").evidence
+    assert "compute processes NVML lists: 4242" in only(r, "gpu-busy").evidence
+    # a process NVML lists on an idle card (in a container: maybe this kernel) is no finding
+    held = check(nvml, [S.card(processes=[(4242, 2**30)])], with_cuda_torch)
+    assert held.findings == [] and held.cards[0].reading.other_processes == [4242]
 
 
 def test_a_cpu_only_torch_beside_a_driver_is_the_first_finding(nvml, here, ip, run):

@@ -27,6 +27,8 @@ LEVELS = {"error": 0, "warning": 1, "info": 2}
 BELOW_SPEC = {"fp32": 0.5, "tf32": 0.5, "bf16": 0.5, "fp16": 0.5, "memory": 0.6, "h2d_pinned": 0.5}
 # The temperature margin to the slowdown threshold that is worth a note.
 HOT_MARGIN_C = 5
+# Utilisation at rest (nothing of this kernel's running) that means someone else computes.
+BUSY_PERCENT = 20
 
 
 @dataclass(frozen=True)
@@ -313,30 +315,34 @@ def compute_mode(card: CardCheck) -> list[CheckFinding]:
         )]  # fmt: skip
     if r.compute_mode == "Exclusive_Process" and r.other_processes:
         return [CheckFinding(
-            "compute-exclusive", "error", card.label, "another process holds this card exclusively",
-            "in Exclusive_Process mode one process at a time may use the card, and another one has it",
-            f"compute mode Exclusive_Process; other processes: {', '.join(map(str, r.other_processes))}",
+            "compute-exclusive", "warning", card.label, "compute mode Exclusive_Process, with a process on the card",
+            "one process at a time may use the card: while another holds it, this one cannot "
+            "start CUDA there (in a container the process NVML lists may be this kernel)",
+            f"compute mode Exclusive_Process; compute processes NVML lists: {', '.join(map(str, r.other_processes))}",
             "stop the other process, choose another card (%gpuselect), or ask for DEFAULT mode", 1.0, "the GPU's work",
         )]  # fmt: skip
     return []
 
 
 def busy(card: CardCheck) -> list[CheckFinding]:
+    """Someone computes on the card at rest (before the measurements). Utilisation decides,
+    not the process list: NVML lists host PIDs, so inside a container this kernel's own
+    context is one of the "other" processes (NVIDIA/nvidia-docker#179)."""
     r = card.reading
-    others = r.other_processes or []
-    if not others and (r.utilization or 0) < 20:
+    if (r.utilization or 0) < BUSY_PERCENT:
         return []
+    others = r.other_processes or []
     return [
         CheckFinding(
             "gpu-busy", "warning", card.label,
-            f"another process uses this card ({r.utilization if r.utilization is not None else '?'}% busy)",
+            f"another process uses this card ({r.utilization}% busy before the measurements)",
             "work on a shared card runs in turns with the other processes', and the figures "
             "measured here are shared with them too",
-            _join(f"utilisation {r.utilization}% before the measurements" if r.utilization is not None else "",
-                  f"other compute processes: {', '.join(map(str, others))}" if others else "",
+            _join(f"utilisation {r.utilization}% while this kernel ran nothing on it",
+                  f"compute processes NVML lists: {', '.join(map(str, others))}" if others else "",
                   f"memory used {fmt_bytes(r.memory_used)} of {fmt_bytes(r.memory_total)}"),
             "wait for the other work to end, or choose an idle card (%gpuselect, before CUDA starts)",
-            (r.utilization or 0) / 100 or None, "the card's time",
+            (r.utilization or 0) / 100, "the card's time",
         )
     ]  # fmt: skip
 

@@ -5,7 +5,13 @@ cards' (:mod:`gpumagic.environment.check.findings`) and these, and ranks what th
 from __future__ import annotations
 
 from gpumagic.environment.check.facts import CardCheck, HostFacts
-from gpumagic.environment.check.findings import CARD_RULES, CheckFinding, rank, tf32_off
+from gpumagic.environment.check.findings import (
+    BUSY_PERCENT,
+    CARD_RULES,
+    CheckFinding,
+    rank,
+    tf32_off,
+)
 from gpumagic.units import fmt_flops
 
 TORCH_INSTALL = "https://pytorch.org/get-started/locally/"
@@ -73,8 +79,8 @@ def cpu_only_torch(cards: list[CardCheck], host: HostFacts) -> list[CheckFinding
 
 
 def busy_card_chosen(cards: list[CardCheck], hidden: list[CardCheck]) -> list[CheckFinding]:
-    """A card this process may use is busy with other processes while one it may not is idle."""
-    shown = [c for c in cards if c.reading.other_processes]
+    """A card this process may use is busy with other work while one it may not is idle."""
+    shown = [c for c in cards if (c.reading.utilization or 0) >= BUSY_PERCENT]
     idle = [c for c in hidden if not c.reading.other_processes and (c.reading.utilization or 0) < 5]
     if not shown or not idle:
         return []
@@ -83,8 +89,7 @@ def busy_card_chosen(cards: list[CardCheck], hidden: list[CardCheck]) -> list[Ch
         "busy-card-chosen", "warning", busy.label,
         f"CUDA_VISIBLE_DEVICES gives this kernel a busy card while GPU {free.reading.nvml_index} is idle",
         "this process shares a card with other work while a card it was not given sits idle",
-        f"GPU {busy.reading.nvml_index} ({busy.reading.name}): other processes "
-        f"{', '.join(map(str, busy.reading.other_processes or []))}; GPU "
+        f"GPU {busy.reading.nvml_index} ({busy.reading.name}): {busy.reading.utilization}% busy; GPU "
         f"{free.reading.nvml_index} ({free.reading.name}): idle, hidden by CUDA_VISIBLE_DEVICES",
         f"restart the kernel with CUDA_VISIBLE_DEVICES={free.reading.nvml_index}, or run "
         "%gpuselect first in a new kernel (before CUDA starts)",

@@ -267,7 +267,10 @@ def _why(exc: BaseException) -> str:
 
 
 def _read_card(nvml: Any, index: int) -> CardReading:
-    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    try:
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    except Exception as exc:  # a lost card, or one this process may not open: list the others
+        return CardReading(index, "NVIDIA GPU", None, unreadable={"the card": _why(exc)})
     name = _text(_quiet(lambda: nvml.nvmlDeviceGetName(handle))) or "NVIDIA GPU"
     card = CardReading(index, name, _text(_quiet(lambda: nvml.nvmlDeviceGetUUID(handle))))
     ask = _Asker(nvml, handle, card)
