@@ -1,7 +1,7 @@
 """gpumagic: the advanced user's GPU toolbox for PyTorch in IPython/Jupyter.
 
 ``%load_ext gpumagic`` registers ``%%memtrace``/``%memtrace``, ``%%memfit``, ``%%gpuprofile``,
-``%gpuwatch``, ``%gpuenv`` and ``%gpuselect``. The same analyses are callable from scripts through the
+``%gpuwatch``, ``%gpuenv``, ``%gpucheck`` and ``%gpuselect``. The same analyses are callable from scripts through the
 names below. Importing this package is cheap: torch, pandas and matplotlib load only
 when a feature runs.
 """
@@ -24,6 +24,9 @@ _LAZY = {
     "step": ("gpumagic.profile.record.recorder", "step"),
     "watch": ("gpumagic.monitor", "watch"),
     "env": ("gpumagic.environment", "env"),
+    "env_diff": ("gpumagic.environment.diff", "env_diff"),
+    "gpucheck": ("gpumagic.environment.check", "gpucheck"),
+    "GpuCheck": ("gpumagic.environment.check.result", "GpuCheck"),
     "select_gpus": ("gpumagic.monitor.choose", "select_gpus"),
     "serve_metrics": ("gpumagic.monitor.exporter", "serve_metrics"),
 }

@@ -74,6 +74,17 @@ def fmt_gbps(gbps: float | None) -> str:
     return f"{gbps:.1f} GB/s" if gbps < 100 else f"{gbps:.0f} GB/s"
 
 
+def fmt_flops(flops: float | None) -> str:
+    """A throughput in FLOP/s, in the prefix that reads best: ``989 TFLOP/s``, ``45.2 GFLOP/s``."""
+    if flops is None or (isinstance(flops, float) and math.isnan(flops)):
+        return "–"
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M")):
+        if abs(flops) >= scale:
+            value = flops / scale
+            return f"{value:.{0 if value >= 100 else 1}f} {prefix}FLOP/s"
+    return f"{flops:.0f} FLOP/s"
+
+
 def fmt_mean_count(n: float) -> str:
     """A count averaged over steps: whole when whole or in the hundreds, else one decimal
     (``2.5``, ``17.5``: a finding's text quotes the number its evidence holds)."""

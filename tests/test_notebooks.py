@@ -144,4 +144,5 @@ def test_there_are_tutorials():
         "03_out_of_memory",
         "04_multi_gpu",
         "05_reproducible_env",
+        "06_why_slower",
     } <= names

@@ -13,6 +13,9 @@ The cells run in one IPython ``InteractiveShell`` with gpumagic loaded, as a use
                         card), the report, and the memory coming back to its baseline
   memfit_resnet         %%memfit's dry run of a ResNet-18 training step against the real
                         step's torch.cuda.max_memory_allocated(): within 10%
+  gpucheck              %gpucheck on the lent card: NVML read it (and again under load), it has
+                        a specification, and each measured figure lies within a plausible range
+                        of the specification's, whose source is printed beside it
 
 One JSON line per check goes to ``--json`` as soon as it is known (so a timeout keeps what
 was done): ``{"name", "status", "seconds", "detail", "data"}``. Without CUDA every GPU check
@@ -433,6 +436,66 @@ def memfit_resnet(c: Cells) -> tuple[str, dict[str, Any]]:
     )
     c.ok("del model, optimizer, x, y, loss")
     return detail, {"predicted": fit.peak_bytes, "measured": measured, "ratio": ratio}
+
+
+# Plausible shares of a datasheet's figure on a healthy, idle card: cuBLAS reaches 60-90% of
+# the dense tensor peak at 8192 (less for TF32 and FP32 on the CUDA cores), a device copy
+# 80-95% of the memory's bandwidth, a pinned copy 70-90% of the link's (a host whose slot
+# runs a generation lower shows half of that, and %gpucheck then says so).
+GPUCHECK_RANGES = {
+    "fp32": (0.4, 1.1), "tf32": (0.3, 1.1), "bf16": (0.4, 1.1), "fp16": (0.4, 1.1),
+    "memory": (0.5, 1.05), "h2d_pinned": (0.3, 1.0), "d2h_pinned": (0.3, 1.0),
+}  # fmt: skip
+
+
+@check("gpucheck")
+def gpucheck(c: Cells) -> tuple[str, dict[str, Any]]:
+    import torch
+
+    from gpumagic.render.gpucheck import fmt_figure
+
+    matmul = torch.backends.cuda.matmul
+    precision = getattr(matmul, "fp32_precision", None)
+    c.ok("r = %gpucheck -o")
+    r = c.ns["r"]
+    expect(getattr(matmul, "fp32_precision", None) == precision, "the user's TF32 setting changed")
+    name = torch.cuda.get_device_name(0)
+    card = next((k for k in r.cards if k.cuda_index == 0), None)
+    expect(card is not None, f"cuda:0 not checked; cards {[k.label for k in r.cards]}; {r.unchecked}")
+    expect(card.reading.name == name, f"NVML read {card.reading.name!r}, torch's cuda:0 is {name!r}")
+    expect(card.specs is not None, f"no specification for {name}: {card.no_specs}")
+    reading = card.reading
+    for what in ("sm_clock_max", "power_limit", "power_default", "temperature", "persistence"):
+        expect(getattr(reading, what) is not None, f"NVML gave no {what}: {reading.unreadable}")
+    expect(reading.pcie.gen_max and reading.pcie.width_max, f"no PCIe link: {reading.pcie}")
+    expect(card.load is not None and card.load.sm_clock, f"nothing read under load: {card.load}")
+    expect("cpu-only-torch" not in r.codes and "cuda-unavailable" not in r.codes, f"findings {r.codes}")
+    lines, data = [], {"codes": r.codes, "figures": {}}
+    for m in card.measurements:
+        data["figures"][m.key] = {"value": m.value, "spec": m.spec, "ratio": m.ratio, "source": m.spec_source}
+        if m.key == "launch":
+            expect(0 < m.value < 100, f"a kernel launch takes {m.value:.1f} µs of host time")
+            lines.append(f"launch {m.value:.1f} µs")
+            continue
+        low_high = GPUCHECK_RANGES.get(m.key)
+        if low_high is None or m.spec is None:
+            lines.append(f"{m.key} {fmt_figure(m.value, m.unit)} (no specification)")
+            continue
+        low, high = low_high
+        said = f"{m.key} {fmt_figure(m.value, m.unit)} = {m.ratio:.0%} of {fmt_figure(m.spec, m.unit)} [{m.spec_source}]"
+        print(said, flush=True)  # the source of each figure, in the log
+        expect(low <= m.ratio <= high, f"{said}: outside {low:.0%}-{high:.0%}; findings {r.codes}")
+        lines.append(said)
+    expect(len(data["figures"]) >= 10, f"figures measured: {sorted(data['figures'])}")
+    load = card.load
+    detail = (
+        f"{name} ({card.spec_name}, {card.specs.form}); under load SM {load.sm_clock} of "
+        f"{reading.sm_clock_max} MHz, {load.power_draw} W of {reading.power_limit} W, reasons "
+        f"{load.clock_events}; link Gen {card.link_load.pcie_gen if card.link_load else '?'} "
+        f"x{reading.pcie.width}; findings {r.codes or 'none'}; " + "; ".join(lines)
+    )
+    c.ok("del r")
+    return detail, data
 
 
 def _alarm(signum: int, frame: Any) -> None:

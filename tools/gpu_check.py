@@ -14,7 +14,8 @@ fails or runs out of time is reported and the rest still runs:
              (tools/gpu_cells.py): %%memtrace on a ResNet training step, a real CUDA
              out-of-memory error and the memory coming back, %%gpuprofile on a slow loop
              whose findings must fire, %gpuwatch with NVML, %gpuenv, %%memfit's
-             prediction against the real step's max_memory_allocated (within 10%)
+             prediction against the real step's max_memory_allocated (within 10%),
+             %gpucheck's figures within a plausible range of the card's specification
   bench      %%memtrace overhead on a CUDA training cell (the tensor census on: target
              <= 1.10; --no-tensors, the counters alone: <= 1.02), the probe's cost per
              statement, NVML's cost per sample (benchmarks/)
@@ -68,8 +69,9 @@ BAD = (FAILED, TIMEOUT)
 
 # Seconds each part may take at most; the notebooks take what is left, one at most
 # NOTEBOOK_BUDGET; all of them together stop at --budget. Worst case (every part hangs),
-# the notebooks still get 470 - 355 s; on a healthy run the parts before them take far less.
-BUDGETS = {"wheels": 45.0, "pytest": 150.0, "cells": 90.0, "bench": 70.0, "notebooks": float("inf")}
+# the notebooks still get 470 - 370 s; on a healthy run the parts before them take far less.
+# (cells: 105 s since %gpucheck's figures joined them, about ten seconds on one card)
+BUDGETS = {"wheels": 45.0, "pytest": 150.0, "cells": 105.0, "bench": 70.0, "notebooks": float("inf")}
 NOTEBOOK_BUDGET = 150.0
 GRACE = 10.0  # after SIGINT (pytest then still writes its JUnit XML), before SIGKILL
 MAX_OUT_FILES = 8  # what the device tool brings back from $OUT
@@ -374,7 +376,7 @@ def parse_junit(path: Path) -> tuple[dict[str, int] | None, list[dict[str, str]]
     return counts, failures
 
 
-CELL_CHECKS = ["shell", "gpuenv", "gpuwatch", "memtrace_resnet", "gpuprofile_slow_loop", "memtrace_oom", "memfit_resnet"]
+CELL_CHECKS = ["shell", "gpuenv", "gpuwatch", "memtrace_resnet", "gpuprofile_slow_loop", "memtrace_oom", "memfit_resnet", "gpucheck"]
 
 
 def part_cells(ctx: Context) -> None:

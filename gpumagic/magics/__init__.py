@@ -20,6 +20,7 @@ MAGIC_CLASSES: list[tuple[str, str]] = [
     ("gpumagic.magics.watch", "WatchMagics"),
     ("gpumagic.magics.env", "EnvMagics"),
     ("gpumagic.magics.select", "SelectMagics"),
+    ("gpumagic.magics.gpucheck", "GpuCheckMagics"),
 ]
 
 _cleanups: list[Callable[[], object]] = []

@@ -20,6 +20,21 @@ PARSER.add_argument(
     "environment.yml, Dockerfile or NAME.Dockerfile -> an image (nvidia/cuda or python:slim base, "
     "requirements.frozen.txt beside it, JupyterLab as CMD)",
 )
+PARSER.add_argument(
+    "--save",
+    metavar="FILE.json",
+    help="also write the report as data (JSON with a format version), with this session's "
+    "last %%gpucheck when one ran, for %%gpuenv --diff on another machine or later",
+)
+PARSER.add_argument(
+    "--check", action="store_true", help="with --save: run %%gpucheck now and save it too"
+)
+PARSER.add_argument(
+    "--diff",
+    metavar="FILE.json",
+    help="compare this machine with a report --save wrote: what differs, what is known to "
+    "change speed first, each with why it matters",
+)
 
 
 @magics_class
@@ -38,6 +53,9 @@ class EnvMagics(Magics):
         from a script. --freeze writes every installed distribution pinned (the name picks
         the format; ``Dockerfile`` writes an image definition and its requirements beside it)
         and says what it wrote, and where; the report is kept in ``_gpuenv``, not shown again.
+        --save writes the report as JSON (and the last ``%gpucheck``, or one run now with
+        --check); --diff FILE.json returns what differs between that file and this machine
+        (``gpumagic.env_diff(a, b)`` compares two files).
         """
         from gpumagic.environment import FreezeError, env
         from gpumagic.environment.freeze import freeze, freeze_format
@@ -50,6 +68,7 @@ class EnvMagics(Magics):
                 freeze_format(opts.freeze)
             except FreezeError as exc:
                 raise PARSER.usage_error(str(exc)) from None
+        theirs = _saved_to_compare(opts)  # a bad file fails here, before anything changes
         report = env()
         written = None
         if opts.freeze is not None:
@@ -59,6 +78,14 @@ class EnvMagics(Magics):
                 raise UsageError(f"%gpuenv --freeze: {exc}") from None
         shell: Any = self.shell
         shell.user_ns["_gpuenv"] = report
+        if theirs is not None:
+            from gpumagic.environment.check import last_check
+            from gpumagic.environment.diff import diff
+            from gpumagic.environment.saved import current
+
+            return diff(theirs, current(report, last_check()))
+        if opts.save is not None:
+            written = _save(shell, opts, report, written)
         if written is not None:
             # What was written, and where, is the answer to --freeze: the note is shown (also
             # after a trailing ";": a file was written) and the report it pinned is kept in
@@ -68,3 +95,49 @@ class EnvMagics(Magics):
             display(written)
             return None
         return report
+
+
+def _saved_to_compare(opts: Any) -> Any:
+    """The saved report --diff names (None without --diff), after the options' own checks."""
+    from gpumagic.environment.saved import SavedEnvError, load
+
+    if opts.check and opts.save is None:
+        raise PARSER.usage_error("--check goes with --save: it saves a %gpucheck beside the report")
+    if opts.save is not None and not opts.save.lower().endswith(".json"):
+        raise PARSER.usage_error(f"--save writes JSON: give a FILE.json, not {opts.save!r}")
+    if opts.diff is None:
+        return None
+    if opts.save is not None or opts.freeze is not None:
+        raise PARSER.usage_error("--diff compares: give it alone, not with --save or --freeze")
+    try:
+        return load(opts.diff)
+    except SavedEnvError as exc:  # one line naming the file; nothing was read or changed
+        raise UsageError(f"%gpuenv --diff: {exc}") from None
+
+
+def _save(shell: Any, opts: Any, report: Any, frozen: Any) -> Any:
+    """Write --save's file (running the check first with --check); the note saying so
+    (after --freeze's note when both wrote)."""
+    from gpumagic.environment.check import gpucheck, last_check
+    from gpumagic.environment.saved import save
+    from gpumagic.render.html import Note
+    from gpumagic.units import fmt_clock
+
+    if opts.check:
+        shell.user_ns["_gpucheck"] = gpucheck()
+    check = last_check()
+    try:
+        path = save(opts.save, report, check)
+    except OSError as exc:
+        raise UsageError(f"%gpuenv --save: cannot write {opts.save}: {exc.strerror or exc}") from None
+    what = "the environment report"
+    if check is not None:
+        found = len(check.findings)
+        what += f" and the %gpucheck of {fmt_clock(check.when)} ({found} finding{'s' if found != 1 else ''})"
+    else:
+        what += " (no %gpucheck ran in this session: --check runs one)"
+    if frozen is not None:
+        from IPython.display import display
+
+        display(frozen)
+    return Note(f"Wrote {path}: {what}.", "env-save")
