@@ -183,7 +183,8 @@ class WatchMagics(Magics):
     def _start(self, opts: Any) -> Any:
         from IPython.display import display
 
-        from gpumagic.monitor import current, serve_metrics, watch
+        from gpumagic.monitor import current, watch
+        from gpumagic.monitor.exporter import open_endpoint
         from gpumagic.render.live import detect_mode
         from gpumagic.render.watch_live import start_view, started_note
 
@@ -196,6 +197,14 @@ class WatchMagics(Magics):
                 "--selector picks GPUs among Prometheus's series: give --prometheus URL"
             )
         serve = _host_port(opts.serve) if opts.serve else None
+        # Bound before the watch is replaced: a port that is taken fails with the running
+        # watch untouched (issue 25 item 12).
+        endpoint = None
+        if serve is not None:
+            try:
+                endpoint = open_endpoint(serve[1], serve[0])
+            except ValueError as exc:
+                raise PARSER.usage_error(str(exc)) from None
         previous = current()
         try:
             watcher = watch(
@@ -209,8 +218,12 @@ class WatchMagics(Magics):
                 prometheus=opts.prometheus,
                 selector=opts.selector,
             )
-        except ValueError as exc:  # PrometheusError too: its message names the URL
-            raise PARSER.usage_error(str(exc)) from None
+        except BaseException as exc:
+            if endpoint is not None:
+                endpoint.stop()
+            if isinstance(exc, ValueError):  # PrometheusError too: its message names the URL
+                raise PARSER.usage_error(str(exc)) from None
+            raise
         if previous is not None and previous is not watcher:
             # watch() stopped it: its result is kept where a stop would have put it
             self.shell.user_ns["_gpuwatch"] = previous.result()  # type: ignore[union-attr]
@@ -220,12 +233,11 @@ class WatchMagics(Magics):
         if note is not None:
             display(note)
         start_view(watcher)
-        if serve is not None:
-            try:
-                server = serve_metrics(serve[1], serve[0], watcher)
-            except ValueError as exc:
-                raise PARSER.usage_error(str(exc)) from None
-            display(Note(f"%gpuwatch: serving this kernel's samples at {server.url}", "watch-note"))
+        if endpoint is not None:
+            endpoint.serve(watcher)
+            display(
+                Note(f"%gpuwatch: serving this kernel's samples at {endpoint.url}", "watch-note")
+            )
         return watcher if returns_result(opts) else None
 
 
@@ -237,4 +249,8 @@ def _host_port(text: str) -> tuple[str, int]:
         raise PARSER.usage_error(
             f"--serve {text!r}: give PORT or HOST:PORT, like 9401 or 0.0.0.0:9401"
         ) from None
+    if not 0 <= number <= 65535:
+        raise PARSER.usage_error(f"--serve {text!r}: a port is a number from 0 to 65535")
+    if host.startswith("[") and host.endswith("]"):  # [::1]:9401
+        host = host[1:-1]
     return (host or "127.0.0.1"), number

@@ -17,7 +17,8 @@ own (:mod:`gpumagic.monitor.job`); ``gpumagic.serve_metrics(port)`` serves this 
 samples for Prometheus to scrape (:mod:`gpumagic.monitor.exporter`).
 
 The rooms, from the top: ``exporter`` (serve_metrics) over ``start`` (``watch()``) over
-``watcher`` (the lifecycle, the current watcher) over ``result`` over the sources
+``watcher`` (the lifecycle, the current watcher) over ``result``, ``health`` (failures,
+counted) and ``publisher`` (subscribers) over the sources
 (``nvml_source``, ``host``, ``job``) over the data they share (``source``, ``snapshot``,
 ``machine``, ``frames``, ``csvlog``, ``cells``, ``cost``, ``alerts``, ``ring``, ``metrics``,
 ``devices``, ``nvml``, ``processes``); ``choose`` (``%gpuselect``) stands beside them.

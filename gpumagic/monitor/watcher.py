@@ -11,8 +11,10 @@ data at once) and starts a daemon thread that samples every ``interval`` seconds
 
 A sample is a row per device (each source fills its own rows), kept in a ring of the
 window's length, written to the CSV, folded into the running cells' records, looked at for
-alerts and metered (cost, idle time, energy). Nothing the thread does raises: a sample that
-fails part-way records the error and the next sample runs as usual. The thread's own CPU
+alerts and metered (cost, idle time, energy). Nothing the thread does raises, and nothing a
+source does stops it: a read that fails leaves that source's rows of that sample empty, a
+sample that fails part-way records the error, the next sample runs as usual, and the notes
+count the failures per source (:mod:`gpumagic.monitor.health`). The thread's own CPU
 time per sample is measured (``time.thread_time``) so its cost is a number, not a guess.
 
 The watcher publishes and never draws: ``seq`` is a version counter a reader polls (it
@@ -31,19 +33,21 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from gpumagic.device_kinds import CUDA
 from gpumagic.monitor.alerts import Alert
 from gpumagic.monitor.cells import CellMarks, CellRecord
-from gpumagic.monitor.cost import CostMeter, combine
+from gpumagic.monitor.cost import CostMeter, Metered, combine
 from gpumagic.monitor.csvlog import CsvLog
 from gpumagic.monitor.devices import WatchedDevice
+from gpumagic.monitor.health import Health
 from gpumagic.monitor.host import HostSource
 from gpumagic.monitor.nvml_source import GpuSource
 from gpumagic.monitor.processes import ProcessTable
+from gpumagic.monitor.publisher import Publisher, WatchEvent
 from gpumagic.monitor.result import WatchResult, WatchStatus
 from gpumagic.monitor.ring import Ring, capacity_for
 from gpumagic.monitor.snapshot import Snapshot
@@ -51,9 +55,6 @@ from gpumagic.monitor.source import Recent, Source
 from gpumagic.units import parse_duration, parse_price
 
 __all__ = ["WatchEvent", "Watcher", "current", "machine_sources", "stop_current"]
-
-# What a subscriber is told: a new sample is in, or the watcher stopped (its result is final).
-WatchEvent = Literal["sample", "stop"]
 
 # NVML's utilisation is the share of its last sample period that was busy, and "each sample
 # period may be between 1 second and 1/6 second" (nvmlDeviceGetUtilizationRates): 1-6 Hz.
@@ -174,12 +175,9 @@ class Watcher:
         self.stopped_at: float | None = None
         self.samples_taken = 0
         self.sample_cpu_s = 0.0  # thread CPU seconds spent sampling, all samples together
-        self.sample_errors = 0
-        self.last_error: str | None = None
+        self.health = Health(self.sources)
         self._result: WatchResult | None = None
-        self._subscribers: list[Callable[[WatchEvent], None]] = []
-        self._stop_published = False
-        self._subscriber_error: str | None = None
+        self._publisher = Publisher()
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> Watcher:
@@ -277,38 +275,10 @@ class Watcher:
         at once. A callback that raises never reaches the sampler or ``stop()``'s caller; the
         error shows in ``notes()``.
         """
-        with self._state_lock:
-            stopped = self._stop_published
-            if not stopped:
-                self._subscribers.append(callback)
-        if stopped:
-            self._tell(callback, "stop")
-
-        def unsubscribe() -> None:
-            with self._state_lock:
-                for i, cb in enumerate(self._subscribers):
-                    if cb is callback:
-                        del self._subscribers[i]
-                        break
-
-        return unsubscribe
+        return self._publisher.subscribe(callback)
 
     def _publish(self, event: WatchEvent) -> None:
-        with self._state_lock:
-            if self._stop_published:
-                return
-            subscribers = list(self._subscribers)
-            if event == "stop":  # the last word: nothing is published after it
-                self._stop_published = True
-                self._subscribers.clear()
-        for callback in subscribers:
-            self._tell(callback, event)
-
-    def _tell(self, callback: Callable[[WatchEvent], None], event: WatchEvent) -> None:
-        try:
-            callback(event)
-        except Exception as exc:  # a front end's bug must not stop the sampling
-            self._subscriber_error = f"{event!r} subscriber failed: {type(exc).__name__}: {exc}"
+        self._publisher.publish(event)
 
     # -- reading -------------------------------------------------------------------------
     def snapshot(self, all_cells: bool = False) -> Snapshot:
@@ -383,10 +353,9 @@ class Watcher:
             out.extend(source.notes())
         if self._log is not None and self._log.error:
             out.append(self._log.error)
-        if self.last_error:
-            out.append(f"sampling error ({self.sample_errors} so far): {self.last_error}")
-        if self._subscriber_error:
-            out.append(self._subscriber_error)
+        out.extend(self.health.notes())
+        if self._publisher.error:
+            out.append(self._publisher.error)
         if self._meter.callback_error:
             out.append(self._meter.callback_error)
         return out
@@ -396,6 +365,15 @@ class Watcher:
         """Mean thread CPU seconds one sample costs (NaN before the first)."""
         return self.sample_cpu_s / self.samples_taken if self.samples_taken else math.nan
 
+    @property
+    def sample_errors(self) -> int:
+        """Samples lost (every source's read failed) or broken part-way."""
+        return self.health.errors
+
+    @property
+    def last_error(self) -> str | None:
+        return self.health.last_error
+
     # -- sampling ------------------------------------------------------------------------
     def sample_now(self) -> None:
         """Take one sample on the calling thread (also what the thread does every interval)."""
@@ -404,29 +382,40 @@ class Watcher:
             try:
                 self._sample()
             except Exception as exc:  # never into the user's cells; shown in the notes
-                self.sample_errors += 1
-                self.last_error = f"{type(exc).__name__}: {exc}"
+                self.health.sample_failed(time.time(), exc)
+            else:
+                self.health.sample_ok()
             self.sample_cpu_s += time.thread_time() - cpu0
             self.samples_taken += 1
         self._publish("sample")  # outside the lock: a subscriber may read the watcher
 
     def _sample(self) -> None:
         t = time.time()
-        parts = [source.read(t) for source in self.sources]
+        width = len(self.layout.metrics)
+        read = [self.health.read(i, s, t, width) for i, s in enumerate(self.sources)]
         self._follow_devices()
+        if all(rows is None for rows in read):
+            self.health.sample_lost()  # each source's note says why
+            return
+        # a source whose read failed has no values in this sample; the others keep theirs
+        parts = [
+            rows if rows is not None else np.full((len(s.devices), width), np.nan)
+            for s, rows in zip(self.sources, read)
+        ]
         block = parts[0] if len(parts) == 1 else np.concatenate(parts)
         self._push(t, block)
+        fresh = [(s, rows) for s, rows in zip(self.sources, read) if rows is not None]
 
         def fold(cell: CellRecord) -> None:
-            for source, rows in zip(self.sources, parts):
+            for source, rows in fresh:
                 source.fold(cell, rows)
 
         self.marks.fold(t, fold)
         self._update_alerts(t)
         idle, holds, energy = combine(
             [
-                (len(rows), gpus, s.meter(rows))
-                for s, rows, gpus in zip(self.sources, parts, self._has_gpus)
+                (len(rows), gpus, s.meter(rows) if got is not None else Metered())
+                for s, rows, got, gpus in zip(self.sources, parts, read, self._has_gpus)
             ]
         )
         self._meter.sample(t, self.marks, idle, holds, energy)
@@ -525,6 +514,13 @@ class Watcher:
                     self._alerts_seen[alert.key] = (first[0], t, first[2] + 1)
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # never silently (the loop itself catches everything)
+            self.health.thread_stopped(time.time(), exc)
+            self._publish("sample")  # a front end redraws: the status says so
+
+    def _loop(self) -> None:
         next_due = time.monotonic() + self.interval
         last = time.monotonic()
         while not self._stopping.is_set():
@@ -537,7 +533,10 @@ class Watcher:
             gap = MIN_SPACING - (time.monotonic() - last)
             if gap > 0 and self._stopping.wait(gap):
                 break
-            self.sample_now()
+            try:
+                self.sample_now()
+            except BaseException as exc:  # SystemExit from a subscriber: that sample only
+                self.health.sample_failed(time.time(), exc)
             last = time.monotonic()
             if last >= next_due:
                 next_due += self.interval

@@ -240,3 +240,118 @@ def wait_for(predicate: Callable[[], bool], timeout: float, pause: float = 0.05)
             return True
         time.sleep(pause)
     return predicate()
+
+
+# -- a server at a Prometheus URL that answers what a test tells it to -------------------
+_GOOD_LABELS = {"Hostname": "node-a", "UUID": "GPU-0a", "modelName": "NVIDIA H100 80GB HBM3"}
+MIB_BLOCK = b" " * (1 << 20)
+
+
+def _good(path: str, names: list[str], gpus: int) -> dict[str, Any]:
+    now = time.time()
+    result: list[dict[str, Any]] = []
+    for gpu in map(str, range(gpus)):
+        for name in names:
+            metric = {"__name__": name, **_GOOD_LABELS, "gpu": gpu}
+            if path.endswith("query_range"):
+                result.append({"metric": metric, "values": [[now - 2, "50"], [now - 1, "51"]]})
+            else:
+                result.append({"metric": metric, "value": [now, "50"]})
+    kind = "matrix" if path.endswith("query_range") else "vector"
+    return {"status": "success", "data": {"resultType": kind, "result": result}}
+
+
+def _bad(mode: str) -> dict[str, Any]:
+    labels = {"__name__": "DCGM_FI_DEV_GPU_UTIL", **_GOOD_LABELS, "gpu": "0"}
+    result: Any = [{"metric": labels, "value": [time.time(), "50"]}]
+    if mode == "abc":
+        result[0]["value"][1] = "abc"
+    elif mode == "object":
+        result = {"metric": labels}
+    elif mode == "numbers":
+        result[0]["metric"] = {**labels, "gpu": 0, "Hostname": 7}
+    return {"status": "success", "data": {"resultType": "vector", "result": result}}
+
+
+class AnswerServer:
+    """An HTTP server on 127.0.0.1 that answers Prometheus's query API as ``mode`` says:
+    ``good`` (two GPUs' DCGM series), a malformed success (``abc``, ``object``, ``numbers``),
+    ``endless`` (1 MiB every 50 ms, never finished), ``huge`` (129 MiB of JSON, then the
+    end), ``announced`` (a Content-Length of 2 GiB, then nothing), ``cut`` (an answer that
+    stops short of its length) or ``not-http`` (a line that is not HTTP). ``hangups`` counts the
+    answers whose reader went away before the end."""
+
+    def __init__(self, names: list[str], gpus: int = 2) -> None:
+        self.names = names
+        self.gpus = gpus
+        self.mode = "good"
+        self.ranges: list[dict[str, str]] = []  # the query_range requests' parameters
+        self.requests = 0
+        self.hangups = 0
+        self._stop = threading.Event()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                server.requests += 1
+                parts = urllib.parse.urlsplit(self.path)
+                path = parts.path
+                if path.endswith("query_range"):
+                    server.ranges.append(dict(urllib.parse.parse_qsl(parts.query)))
+                try:
+                    server._answer(self, path)
+                except OSError:  # the client closed the connection
+                    server.hangups += 1
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True, name="answers").start()
+
+    def _answer(self, handler: BaseHTTPRequestHandler, path: str) -> None:
+        mode = self.mode
+        if mode in ("good", "abc", "object", "numbers"):
+            doc = _good(path, self.names, self.gpus) if mode == "good" else _bad(mode)
+            body = json.dumps(doc).encode()
+            handler.send_response(200)
+            handler.send_header("Content-Type", "application/json")
+            handler.send_header("Content-Length", str(len(body)))
+            handler.end_headers()
+            handler.wfile.write(body)
+            return
+        if mode == "not-http":
+            handler.wfile.write(b"HELLO THERE\r\n\r\n")
+            return
+        if mode == "cut":  # promises 1000 bytes, sends 10, hangs up
+            handler.send_response(200)
+            handler.send_header("Content-Length", "1000")
+            handler.end_headers()
+            handler.wfile.write(b'{"status":')
+            return
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        if mode == "announced":
+            handler.send_header("Content-Length", str(2 << 30))
+        handler.end_headers()
+        handler.wfile.write(b'{"status":"success","data":{"resultType":"vector","result":[')
+        handler.wfile.flush()
+        sent = 0
+        while not self._stop.is_set():
+            if mode == "announced":
+                self._stop.wait(0.05)
+                continue
+            handler.wfile.write(MIB_BLOCK)
+            sent += 1
+            if mode == "huge" and sent == 129:
+                handler.wfile.write(b"]}}")
+                return
+            if mode == "endless":
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._server.shutdown()
+        self._server.server_close()

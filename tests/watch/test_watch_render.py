@@ -112,7 +112,7 @@ def test_start_view_feeds_a_live_view_and_stop_finishes_it(monkeypatch: pytest.M
     assert frame is not None and 'class="gpumagic gpumagic-watch"' in frame
     assert view.error is None
     result = w.stop()
-    assert not view.running and w._subscribers == []  # the watcher holds no view after its stop
+    assert not view.running and w._publisher._subscribers == []  # the watcher holds no view after its stop
     assert result.samples_taken >= 1
 
 
@@ -134,7 +134,7 @@ def test_live_view_follows_the_watcher_and_its_stop_freezes_the_slot(
             time.sleep(0.05)
         w.stop()
     assert view.pushes >= 2, view.error  # new samples made new frames while it ran
-    assert not view.running and w._subscribers == []
+    assert not view.running and w._publisher._subscribers == []
     last = cap.outputs[-1].data
     assert "gpuwatch stopped at" in last["text/plain"]
     assert 'class="gpumagic gpumagic-watch-stopped"' in last["text/html"]

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from watch_helpers import wait_for
 
 from gpumagic.device_kinds import CUDA
 from gpumagic.monitor import Watcher
@@ -55,6 +56,8 @@ class Levels(SourceBase):
 
     def __init__(self) -> None:
         self.levels: dict[str, float] = {"a": 10.0}
+        self.fail: BaseException | None = None  # what read() raises
+        self.shape: tuple[int, int] | None = None  # what read() returns instead
 
     @property
     def devices(self) -> tuple[WatchedDevice, ...]:
@@ -63,6 +66,10 @@ class Levels(SourceBase):
     def read(self, t: float) -> np.ndarray:
         if math.isinf(self.levels.get("a", 0.0)):
             raise OSError("the rig did not answer")
+        if self.fail is not None:
+            raise self.fail
+        if self.shape is not None:
+            return np.zeros(self.shape)
         return np.array([[v] for v in self.levels.values()], dtype=float)
 
     def fold(self, cell: CellRecord, rows: np.ndarray) -> None:
@@ -150,6 +157,52 @@ def test_a_failing_read_costs_one_sample(tmp_path: Path) -> None:
     assert any("rig did not answer" in n for n in w.notes())
     html = LiveFrame(w)()
     assert "rig" in html and "30 %" in html
+
+
+def test_a_source_that_raises_anything_never_stops_the_sampling() -> None:
+    source = Levels()
+    w = Watcher([source], interval=0.1, cells=False).start()
+    # SystemExit (a library's sys.exit()) would end the thread without a word
+    source.fail = SystemExit("the rig's driver gave up")
+    assert wait_for(lambda: w.sample_errors >= 4, 5.0)
+    assert w.running
+    notes = [n for n in w.status().notes if n.startswith("the test's rig:")]
+    assert len(notes) == 1, notes  # a count, not a note per sample
+    assert "reads failed" in notes[0] and "failing at every sample since" in notes[0]
+    assert notes[0].endswith("last: SystemExit: the rig's driver gave up")
+    source.fail = None
+    source.shape = (3, 7)  # values of a shape its rows and columns do not have
+    assert wait_for(lambda: "shape (3, 7), not (1, 1)" in (w.last_error or ""), 5.0)
+    source.shape = None
+    seq = w.seq
+    assert wait_for(lambda: w.seq >= seq + 2, 5.0)  # it samples again as soon as it can
+    assert w.running and not any("failing at every" in n for n in w.notes())
+
+    def leaves(event: str) -> None:
+        raise SystemExit(f"a front end exits on {event}")
+
+    w.subscribe(leaves)
+    taken = w.samples_taken
+    assert wait_for(lambda: w.samples_taken >= taken + 3, 5.0)
+    assert w.running
+    assert "'sample' subscriber failed: SystemExit: a front end exits on sample" in w.notes()
+    w.stop()  # told "stop", it exits again: the stop is not the caller's SystemExit
+    assert not w.running
+
+
+def test_a_failing_source_costs_its_own_rows_only() -> None:
+    good, bad = Levels(), Levels()
+    bad.levels = {"z": 40.0}
+    w = Watcher([good, bad], cells=False)
+    w.sample_now()
+    bad.fail = OSError("cable pulled")
+    good.levels["a"] = 20.0
+    w.sample_now()
+    assert w.seq == 2 and w.sample_errors == 0  # the sample is kept, with the good rows
+    samples = w.result().samples
+    last = samples[samples["time"] == samples["time"].max()].set_index("slot")["level"]
+    assert last["a"] == 20.0 and math.isnan(last["z"])
+    assert any(n.startswith("the test's rig: 1 of 2 reads failed") for n in w.notes())
 
 
 def test_sources_of_two_layouts_cannot_share_a_watcher(fake_nvml: Any) -> None:

@@ -8,7 +8,7 @@ modules, the second over the first:
   names and dcgm-exporter's labels for GPU series and ``gpumagic_*`` names for the host,
   this kernel and its running cell;
 - ``server``: :func:`serve_metrics` and :class:`MetricsServer` (``prometheus_client``'s
-  HTTP server), one endpoint per kernel, stopped with its watcher.
+  HTTP server): an endpoint per call, each stopped alone and all with their watcher.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from gpumagic._lazy import lazy_exports
 
 _LAZY = {
     "MetricsServer": ("gpumagic.monitor.exporter.server", "MetricsServer"),
+    "open_endpoint": ("gpumagic.monitor.exporter.server", "open_endpoint"),
     "serve_metrics": ("gpumagic.monitor.exporter.server", "serve_metrics"),
     "stop_serving": ("gpumagic.monitor.exporter.server", "stop_serving"),
 }

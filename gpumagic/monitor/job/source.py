@@ -44,6 +44,9 @@ __all__ = ["JOB", "PrometheusSource"]
 
 # Prometheus refuses a range query of more than 11,000 points per series.
 _MAX_POINTS = 10_000
+# The history of a big job or a long window is spaced out to hold at most this many points
+# in all (37 MiB of JSON for 4,096 GPUs): well under the client's MAX_ANSWER_BYTES.
+_MAX_HISTORY_POINTS = 1_000_000
 _NAMES = tuple(f.name for f in dcgm.JOB_FIELDS)
 
 JOB = Layout(
@@ -96,6 +99,7 @@ class PrometheusSource(SourceBase):
         self._blank: dict[str, set[str]] = {}
         self._counters: np.ndarray | None = None
         self.missing: tuple[str, ...] = ()
+        self._series = 0  # series the selector matched at the start
         self._discover()
 
     @property
@@ -108,6 +112,7 @@ class PrometheusSource(SourceBase):
         found = self.client.query(self._expr)
         if not found:
             raise PrometheusError(self._explain_empty())
+        self._series = len(found)
         # node by node, GPU by GPU (a GPU that appears later is added at the end)
         for s in sorted(found, key=lambda s: _order(gpu_from_labels(s.labels))):
             self._row_of(s.labels)
@@ -175,9 +180,10 @@ class PrometheusSource(SourceBase):
     # -- the source -------------------------------------------------------------------------
     def history(self, start: float, end: float, step: float) -> list[tuple[float, np.ndarray]]:
         """The window before the start, once: the chart has the job's recent past at once."""
+        points = min(_MAX_POINTS, _MAX_HISTORY_POINTS // max(self._series, 1))
         try:
             found = self.client.query_range(
-                self._expr, start, end, max(step, (end - start) / _MAX_POINTS)
+                self._expr, start, end, max(step, (end - start) / max(points, 1))
             )
         except PrometheusError as exc:
             self._notes.append(f"the window's history could not be read: {exc}")
