@@ -124,13 +124,13 @@ CELL = textwrap.dedent(
     shell = InteractiveShell.instance()
     shell.run_line_magic("load_ext", "gpumagic")
     result = shell.run_cell(
-        "%%memtrace --quiet -o trace\\n"
+        "%%memtrace --quiet\\n"
         "import torch\\n"
         "x = torch.ones(512, 512)\\n"
         "y = x * 2\\n"
         "y.sum().item()\\n"
     )
-    trace = shell.user_ns["trace"]
+    trace = shell.user_ns["_memtrace"]
     print(json.dumps({
         "file": gpumagic.__file__,
         "typed": (Path(gpumagic.__file__).parent / "py.typed").is_file(),

@@ -427,20 +427,17 @@ def test_stack_gives_a_running_cprofile_back(ip, run):
     assert r.result.success, r.stdout[-3000:]
 
 
-# -- output names ---------------------------------------------------------------------------------
+# -- run names ------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     "line",
     [
-        "%%memtrace -o class",
-        "%%memtrace -o None",
-        "%%gpuprofile -o def",
-        "%%gpuprofile -o True",
         "%%gpuprofile -n lambda",
+        "%%gpuprofile -n None",
     ],
 )
-def test_a_keyword_is_no_output_name(ip, run, line):
+def test_a_keyword_is_no_run_name(ip, run, line):
     from IPython.core.error import UsageError
 
     r = run(f"{line}\nran = 1\n")
@@ -450,19 +447,19 @@ def test_a_keyword_is_no_output_name(ip, run, line):
     assert "ran" not in ip.user_ns  # refused before the cell ran
 
 
-def test_gpuwatch_stop_with_a_keyword_name_keeps_watching(ip, run):
+def test_gpuwatch_stop_with_a_stray_word_keeps_watching(ip, run):
     from IPython.core.error import UsageError
 
     from gpumagic.monitor import current
 
     assert run("%gpuwatch -i 0.2").result.success
     try:
-        r = run("%gpuwatch stop -o class")
+        r = run("%gpuwatch stop -o watched")  # -o takes no name: it returns the result
         assert isinstance(r.result.error_in_exec, UsageError)
-        assert "a Python keyword" in str(r.result.error_in_exec)
+        assert "unrecognized arguments: watched" in str(r.result.error_in_exec)
         assert current() is not None  # still watching: nothing was stopped
-        r = run("%gpuwatch stop -o watched")
-        assert r.result.success and ip.user_ns["watched"] is r.result.result
+        r = run("%gpuwatch stop -o")
+        assert r.result.success and ip.user_ns["_gpuwatch"] is r.result.result
     finally:
         ip.run_cell("%gpuwatch stop", store_history=False)
 

@@ -189,12 +189,30 @@ def test_memtrace_line_o_returns_the_trace_and_runs_the_statement(ip, run) -> No
     assert not r.outputs  # kept quietly, as `t = %timeit -o ...`
 
 
-def test_memtrace_o_name_still_stores_and_keeps_the_cells_value(ip, run) -> None:
-    from gpumagic.memory.report import MemTrace
+@pytest.mark.parametrize(
+    "line",
+    ["%%memtrace -o kept", "%%memfit -o kept", "%%gpuprofile -o kept", "%%gpuprofile -q -o kept -n a"],
+)
+def test_o_takes_no_name(ip, run, line) -> None:
+    # one meaning: -o returns the result; a name after it is refused before the cell runs
+    r = run(f"{line}\nran = 1\n")
+    err = r.result.error_in_exec
+    assert isinstance(err, UsageError) and "unrecognized arguments: kept" in str(err), err
+    assert "ran" not in ip.user_ns and "kept" not in ip.user_ns
 
-    r = run("%%memtrace -o kept\nz = 2\nz * 21\n")
-    assert r.result.success
-    assert isinstance(ip.user_ns["kept"], MemTrace) and r.result.result == 42
+
+def test_memfit_o_returns_the_prediction_as_the_cells_value(ip, run) -> None:
+    from gpumagic.memory.fit.result import MemFit
+
+    cell = "import torch\nw = torch.ones(256, 256)\ny = w @ w\n"
+    r = run("%%memfit -o\n" + cell)
+    assert r.result.success, r.result.error_in_exec
+    assert isinstance(r.result.result, MemFit) and r.result.result is ip.user_ns["_memfit"]
+    assert r.result.result.peak_bytes > 0
+    r = run("%%memfit -q -o\n" + cell)  # -q shows nothing; -o still returns the prediction
+    assert r.result.success and r.outputs == []
+    assert isinstance(r.result.result, MemFit) and r.result.result is ip.user_ns["_memfit"]
+    assert run("%%memfit -q\n" + cell).result.result is None
 
 
 def test_gpuprofile_o_returns_the_profile(ip, run) -> None:

@@ -58,12 +58,8 @@ def _cells(out: Path) -> None:
     shell = InteractiveShell.instance()
     shell.run_cell("%load_ext gpumagic", store_history=False)
     shell.run_cell("import torch\ntorch.manual_seed(0)\ndevice = 'cpu'", store_history=False)
-    traced = shell.run_cell("%%memtrace -q -o\n" + DEMO_CELL, store_history=False, silent=True)
-    if not traced.success or traced.result is None:  # an older spelling of -o
-        shell.run_cell("%%memtrace -q -o demo_trace\n" + DEMO_CELL, store_history=False, silent=True)
-        trace = shell.user_ns["demo_trace"]
-    else:
-        trace = traced.result
+    shell.run_cell("%%memtrace -q\n" + DEMO_CELL, store_history=False, silent=True)
+    trace = shell.user_ns["_memtrace"]
     lines = trace.lines
     kept = [c for c in lines.columns if not _VARYING.search(str(c))]
     (out / "memtrace_demo_lines.csv").write_text(lines[kept].to_csv(index=False), encoding="utf-8")

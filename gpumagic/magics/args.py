@@ -68,8 +68,8 @@ class MagicParser(argparse.ArgumentParser):
 
     def check_variable(self, option: str, name: str | None) -> None:
         """A ``UsageError`` unless ``name`` (given with ``option``) is a variable code can
-        read: ``-o class`` or ``-o None`` pass ``str.isidentifier()``, yet a result stored
-        under a keyword is out of every cell's reach."""
+        read: ``class`` or ``None`` pass ``str.isidentifier()``, yet no cell can name a
+        variable so called."""
         if name is not None and (not name.isidentifier() or keyword.iskeyword(name)):
             why = "a Python keyword" if keyword.iskeyword(name) else "not an identifier"
             raise self.usage_error(f"{option} {name!r}: not a valid variable name ({why})")
@@ -209,28 +209,18 @@ def documented(parser: MagicParser) -> Callable[[F], F]:
 
 def output_option(parser: MagicParser, returns: str) -> None:
     """``-o``: as ``%timeit -o``, the magic returns its result (``returns`` says what that
-    replaces); ``-o NAME``, the spelling of earlier versions, stores it in NAME instead."""
+    replaces)."""
     parser.add_argument(
         "-o",
         "--output",
-        nargs="?",
-        const=True,
-        default=None,
-        metavar="NAME",
-        help="return the result, as %%timeit -o does ("
-        + returns.replace("%", "%%")
-        + "); -o NAME keeps it in the variable NAME (the spelling of earlier versions)",
+        action="store_true",
+        help="return the result, as %%timeit -o does (" + returns.replace("%", "%%") + ")",
     )
 
 
 def returns_result(opts: argparse.Namespace) -> bool:
-    """``-o`` given without a name: return the result (``%timeit -o``)."""
-    return opts.output is True
-
-
-def output_name(opts: argparse.Namespace) -> str | None:
-    """The NAME of ``-o NAME``, None without one."""
-    return opts.output if isinstance(opts.output, str) else None
+    """``-o`` was given: the magic returns its result (``%timeit -o``)."""
+    return bool(opts.output)
 
 
 def without_silencer(line: str) -> str:

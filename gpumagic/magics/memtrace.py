@@ -12,13 +12,7 @@ from IPython.core.magic import (
     output_can_be_silenced,
 )
 
-from gpumagic.magics.args import (
-    MagicParser,
-    documented,
-    output_name,
-    output_option,
-    returns_result,
-)
+from gpumagic.magics.args import MagicParser, documented, output_option, returns_result
 
 PARSER = MagicParser(
     "%%memtrace",
@@ -56,7 +50,7 @@ class MemtraceMagics(Magics):
 
         Counts tensor bytes on the traced device (CUDA, else the CPU) by category:
         parameters, gradients, optimizer state, activations, temporaries, inputs, other.
-        The result (``_memtrace``, and NAME with -o NAME) has ``.lines``, a DataFrame with
+        The result (``_memtrace``) has ``.lines``, a DataFrame with
         line, source, hits, delta_bytes (summed over hits), delta_per_hit_bytes,
         peak_bytes (the highest hit), allocated_bytes, reserved_bytes, host_delta_bytes,
         host_peak_bytes (the process's RSS) and one ``<category>_bytes`` column per
@@ -107,8 +101,6 @@ class MemtraceMagics(Magics):
                 return None
             result.live_frames = view.pushes
             shell.user_ns["_memtrace"] = kept["result"] = result
-            if output_name(opts):
-                shell.user_ns[output_name(opts)] = result
             # -o: the result is the magic's value, shown once as Out[] (`t = ...` keeps it)
             return None if opts.quiet or returns_result(opts) else result
 
@@ -132,5 +124,4 @@ def _parse(line: str, cell: str | None) -> tuple[Any, str, str | None] | None:
         if whole is None:
             return None
         opts, source, header = whole, cell, f"%%memtrace {line}".rstrip()
-    PARSER.check_variable("-o", output_name(opts))
     return opts, source, header

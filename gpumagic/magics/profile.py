@@ -15,7 +15,6 @@ from gpumagic.cell import running_cell_number
 from gpumagic.magics.args import (
     MagicParser,
     documented,
-    output_name,
     output_option,
     returns_result,
     without_silencer,
@@ -26,8 +25,8 @@ PARSER = MagicParser(
     "%%gpuprofile",
     description="Profile the cell under torch.profiler and explain where the time went.",
     forms=[
-        "%gpuprofile --compare A B [-o [NAME]] [-q]   two runs kept with -n, side by side",
-        "%gpuprofile --load PATH [--rows N] [-o [NAME]] [-q]   a saved trace or rank folder",
+        "%gpuprofile --compare A B [-o] [-q]   two runs kept with -n, side by side",
+        "%gpuprofile --load PATH [--rows N] [-o] [-q]   a saved trace or rank folder",
     ],
 )
 PARSER.add_argument("-n", "--name", metavar="NAME", help="keep this run under NAME for --compare")
@@ -147,7 +146,7 @@ class ProfileMagics(Magics):
         The line forms return their result: ``cmp = %gpuprofile --compare A B`` keeps it, a
         bare call shows it as ``Out[]``, and a trailing ``;`` (or ``--quiet``, which returns
         None unless -o) shows nothing. It is also stored in ``_gpuprofile_compare`` /
-        ``_gpuprofile``, and in NAME with -o NAME. ``%%gpuprofile -o`` returns the result in
+        ``_gpuprofile``. ``%%gpuprofile -o`` returns the result in
         place of the cell's value, as ``%timeit -o`` does. ``--compare`` gives each change
         with its 95% interval, and a verdict: faster, slower, or no difference beyond the noise.
 
@@ -158,7 +157,7 @@ class ProfileMagics(Magics):
         statistics when others follow; ``--keep-first`` keeps it. ``--repeat N`` runs the cell
         N times: each run's steps are samples of the step time, so a comparison's interval
         counts the noise from run to run, not only from step to step. The result
-        (``_gpuprofile``, and NAME with -o NAME) has ``.summary``, ``.breakdown``, ``.steps``,
+        (``_gpuprofile``) has ``.summary``, ``.breakdown``, ``.steps``,
         ``.ops``, ``.kernels``, ``.idle``, ``.findings``, ``.notes`` and ``.export(path)``;
         ``.lines`` (time per statement of the cell) and ``.modules`` (per ``nn.Module``
         instance, forward and backward), and each finding's ``line``/``source``/``module`` say
@@ -168,7 +167,6 @@ class ProfileMagics(Magics):
         opts = PARSER.parse_line(without_silencer(line) if cell is None else line)
         if opts is None:  # -h: the help was printed
             return None
-        PARSER.check_variable("-o", output_name(opts))
         PARSER.check_variable("-n", opts.name)
         if opts.rows < 1:
             raise PARSER.usage_error("--rows must be at least 1")
@@ -316,8 +314,6 @@ class ProfileMagics(Magics):
     def _store(self, result: Any, opts: Any, kind: str = "profile") -> None:
         ns = self.shell.user_ns  # type: ignore[union-attr]
         ns["_gpuprofile" if kind == "profile" else "_gpuprofile_compare"] = result
-        if output_name(opts):
-            ns[output_name(opts)] = result
 
 
 def _shown(opts: Any, done: Any) -> Any:

@@ -10,7 +10,6 @@ from IPython.core.magic import Magics, line_magic, magics_class, output_can_be_s
 from gpumagic.magics.args import (
     MagicParser,
     documented,
-    output_name,
     output_option,
     returns_result,
     without_silencer,
@@ -152,7 +151,6 @@ class WatchMagics(Magics):
         opts = PARSER.parse_line(without_silencer(line))
         if opts is None:  # -h: the help was printed
             return None
-        PARSER.check_variable("-o", output_name(opts))  # before a stop: a bad name stops nothing
         if opts.action == "start":
             return self._start(opts)
         given = [
@@ -179,8 +177,6 @@ class WatchMagics(Magics):
         result = running.stop()
         ns = self.shell.user_ns  # type: ignore[union-attr]
         ns["_gpuwatch"] = result
-        if output_name(opts):
-            ns[output_name(opts)] = result
         return result
 
     def _start(self, opts: Any) -> Any:

@@ -148,9 +148,9 @@ def test_schedule_trace_export_and_load(ip, run, show, tmp_path):
     assert p.summary["steps"] == 2
     events = json.loads(gzip.decompress(out.read_bytes()))["traceEvents"]
     assert any(e.get("name", "").startswith("ProfilerStep") for e in events)
-    r = show(f"%gpuprofile --load {out} -o loaded")
+    r = show(f"%gpuprofile --load {out}")
     assert r.result.success, r.stdout
-    assert ip.user_ns["loaded"].summary["steps"] == 2
+    assert r.value is ip.user_ns["_gpuprofile"] and r.value.summary["steps"] == 2
     assert "gpumagic" in r.html()
 
 
@@ -178,9 +178,9 @@ def test_compare_returns_the_comparison_shown_once_as_out(ip, show, two_runs):
     assert r.displayed == []  # shown once, as Out[], not display()ed as well
     assert r.reports("profile-compare") == r.out and len(r.out) == 1
 
-    r = show("cmp = %gpuprofile --compare a b -o kept")
+    r = show("cmp = %gpuprofile --compare a b -q -o")  # -o: returned although --quiet
     assert r.result.success and r.bundles == [] and r.value is None
-    assert ip.user_ns["cmp"] is ip.user_ns["kept"] is ip.user_ns["_gpuprofile_compare"]
+    assert ip.user_ns["cmp"] is ip.user_ns["_gpuprofile_compare"]
 
     # a trailing ";" (a comment may follow) or --quiet: nothing shown, the result still kept
     for silenced in ("%gpuprofile --compare a b ;", "%gpuprofile --compare a b;  # later", "%gpuprofile -q --compare a b"):
@@ -209,13 +209,14 @@ def test_load_returns_the_result_shown_once_with_its_rows(ip, show, two_runs):
     assert r.result.success and r.bundles == []
     assert ip.user_ns["p"] is ip.user_ns["_gpuprofile"] and ip.user_ns["p"] is not loaded
 
-    for silenced in (f"%gpuprofile --load {path} ;", f"%gpuprofile --load {path} -q -o kept"):
+    for silenced in (f"%gpuprofile --load {path} ;", f"%gpuprofile --load {path} -q"):
         before = ip.user_ns["_gpuprofile"]
         r = show(silenced)
         assert r.result.success, r.stdout
         assert r.bundles == [] and r.value is None, silenced
         assert ip.user_ns["_gpuprofile"] is not before, silenced
-    assert ip.user_ns["kept"] is ip.user_ns["_gpuprofile"]
+    r = show(f"kept = %gpuprofile --load {path} -q -o")
+    assert r.result.success and r.bundles == [] and ip.user_ns["kept"] is ip.user_ns["_gpuprofile"]
 
 
 def test_cell_magic_value_and_semicolon_unchanged(show):
