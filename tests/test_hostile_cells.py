@@ -396,7 +396,7 @@ def test_a_schedule_torch_rejects_is_a_usage_error_that_leaves_nothing(ip, run, 
     assert not torch.autograd._profiler_enabled()
 
 
-# -- --stack and the user's profile function ------------------------------------------------------
+# -- --with-stack and the user's profile function -------------------------------------------------
 
 
 def test_stack_gives_the_users_profile_function_back(ip, run):
@@ -404,7 +404,7 @@ def test_stack_gives_the_users_profile_function_back(ip, run):
     ip.user_ns["seen"] = []
     assert run("import sys\ndef watch(frame, event, arg):\n    seen.append(event)\nsys.setprofile(watch)\n").result.success
     try:
-        r = run("%%gpuprofile --stack -q\nx = torch.ones(3) * 2\n")
+        r = run("%%gpuprofile --with-stack -q\nx = torch.ones(3) * 2\n")
         assert r.result.success, r.stdout[-3000:]
         assert sys.getprofile() is ip.user_ns["watch"]
         notes = ip.user_ns["_gpuprofile"].notes
@@ -420,7 +420,7 @@ def test_stack_gives_a_running_cprofile_back(ip, run):
     ip.user_ns["profiler"] = profiler
     profiler.enable()
     try:
-        r = run("%%gpuprofile --stack -q\nx = torch.ones(3) * 2\n")
+        r = run("%%gpuprofile --with-stack -q\nx = torch.ones(3) * 2\n")
         assert sys.getprofile() is profiler
     finally:
         profiler.disable()

@@ -1,7 +1,7 @@
 """Each magic's help comes from its argument parser: ``%memtrace?`` (IPython's inspector)
 and ``-h`` on the magic's line list every option with its help; a misspelt option is named
 in the error; the option names follow IPython's, torch.profiler's, nvidia-smi's and nvitop's
-where they overlap, the old spellings still accepted; ``-o`` works as ``%timeit -o``."""
+where they overlap, each option with one spelling; ``-o`` works as ``%timeit -o``."""
 
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ def test_help_starts_no_watch(run) -> None:
         ("%%gpuprofile --profil-memory\nx = 1\n", "--profil-memory", "--profile-memory"),
         ("%%memtrace --devcie host\nx = 1\n", "--devcie", "--device"),
         ("%memtrace --sycn x = 1", "--sycn", "--sync"),
-        ("%gpuselect --min-fee 1GiB", "--min-fee", "--min-free"),
+        ("%gpuselect --min-fee 1GiB", "--min-fee", "--min-free-memory"),
         ("%gpuenv --frezee reqs.txt", "--frezee", "--freeze"),
     ],
 )
@@ -132,19 +132,37 @@ def test_values_that_look_like_options_are_values() -> None:
     # a negative number after an option is its value, as argparse reads it
     opts = profile.PARSER.parse_line("--wait -1 --rows 3")
     assert opts is not None and opts.wait == -1 and opts.rows == 3
-    # a unique prefix of a long option still works, as argparse allows
-    opts = profile.PARSER.parse_line("--keep --no-attr")
-    assert opts is not None and opts.keep_first and opts.no_attribution
+
+
+@pytest.mark.parametrize(
+    ("line", "named", "suggested"),
+    [
+        # the spellings of earlier versions, which never shipped, are gone
+        ("%%gpuprofile --memory\nx = 1\n", "--memory", "--profile-memory"),
+        ("%%gpuprofile --shapes\nx = 1\n", "--shapes", "--record-shapes"),
+        ("%%gpuprofile --stack\nx = 1\n", "--stack", "--with-stack"),
+        ("%%gpuprofile --flops\nx = 1\n", "--flops", "--with-flops"),
+        ("%gpuselect --max-util 30", "--max-util", "--max-gpu-utilization"),
+        # argparse's abbreviations are second spellings too
+        ("%gpuselect --min-free 8GiB", "--min-free", "--min-free-memory"),
+        ("%%gpuprofile --keep-f\nx = 1\n", "--keep-f", "--keep-first"),
+    ],
+)
+def test_an_option_has_one_spelling(ip, run, line, named, suggested) -> None:
+    r = run(line.replace("\nx = 1", "\nran = 1"))
+    err = r.result.error_in_exec
+    assert isinstance(err, UsageError), r.stdout
+    message = str(err).splitlines()[0]
+    assert f"unrecognized arguments: {named} (did you mean {suggested}?)" in message, message
+    assert "ran" not in ip.user_ns
 
 
 @pytest.mark.parametrize(
     ("parser", "old", "new"),
     [
-        (profile.PARSER, "--memory --shapes --stack --flops", "--profile-memory --record-shapes --with-stack --with-flops"),
         (watch.PARSER, "-i 0.5 --log a.csv --gpus 0,1", "-l 0.5 -f a.csv --id 0,1"),
         (watch.PARSER, "-i 0.5 --log a.csv", "--loop 0.5 --filename a.csv"),
-        (select.PARSER, "2 --min-free 8GiB --max-util 30", "2 -f 8GiB -G 30"),
-        (select.PARSER, "--min-free 8GiB --max-util 30", "--min-free-memory 8GiB --max-gpu-utilization 30"),
+        (select.PARSER, "2 --min-free-memory 8GiB --max-gpu-utilization 30", "2 -f 8GiB -G 30"),
     ],
 )
 def test_old_spellings_and_the_conventional_names_mean_the_same(parser, old, new) -> None:

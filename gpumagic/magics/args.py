@@ -44,12 +44,17 @@ class MagicParser(argparse.ArgumentParser):
 
     ``forms``: further usage lines, for a magic with more than one form (the line form of a
     cell magic, ``%gpuprofile --compare A B``); they follow the generated usage in the help.
+
+    Every option has one spelling: argparse's abbreviations (any unique prefix of a long
+    option) are off, so a prefix is not a second name (``--min-free`` for
+    ``--min-free-memory``), nor one that changes meaning when an option is added.
     """
 
     def __init__(
         self, prog: str, description: str = "", forms: Sequence[str] = (), **kw: Any
     ) -> None:
         kw.setdefault("formatter_class", _HelpFormatter)
+        kw.setdefault("allow_abbrev", False)
         super().__init__(prog=prog, description=description, add_help=False, **kw)
         self.forms = list(forms)
         self.doc = ""  # the magic's whole help, set by documented()
@@ -146,8 +151,7 @@ class MagicParser(argparse.ArgumentParser):
     def _check_options(self, tokens: Sequence[str]) -> None:
         """Name an option nobody declared before argparse sees it: argparse would set it
         aside and blame the value after it (``%gpuwatch --intervall 1`` said "invalid choice:
-        '1'"). Values are skipped as argparse skips them; abbreviations argparse accepts (a
-        unique prefix of a long option) pass."""
+        '1'"). Values are skipped as argparse skips them."""
         i = 0
         while i < len(tokens):
             tok = tokens[i]
@@ -176,10 +180,7 @@ class MagicParser(argparse.ArgumentParser):
         actions = self._option_string_actions
         if name in actions:
             return actions[name]
-        if name.startswith("--"):
-            matches = {actions[o] for o in actions if o.startswith(name) and o.startswith("--")}
-            return matches.pop() if len(matches) == 1 else None
-        if len(name) > 2 and name[:2] in actions:  # -qo: short flags run together
+        if len(name) > 2 and not name.startswith("--") and name[:2] in actions:  # -qo: short flags run together
             return actions[name[:2]]
         return None
 

@@ -34,35 +34,22 @@ output_option(PARSER, "a cell's value; the line forms return theirs anyway")
 PARSER.add_argument(
     "--rows", type=int, default=15, metavar="N", help="rows in the operator and kernel tables"
 )
-# torch.profiler's own names first (profile(profile_memory=..., record_shapes=...,
-# with_stack=..., with_flops=...)); the short spellings of earlier versions stay as aliases.
+# torch.profiler's own names: profile(profile_memory=..., record_shapes=..., with_stack=...,
+# with_flops=...)
 PARSER.add_argument(
     "--profile-memory",
-    "--memory",
     dest="memory",
     action="store_true",
     help="record memory (torch.profiler's profile_memory=True)",
 )
 PARSER.add_argument(
-    "--record-shapes",
-    "--shapes",
-    dest="shapes",
-    action="store_true",
-    help="record input shapes (record_shapes=True)",
+    "--record-shapes", dest="shapes", action="store_true", help="record input shapes (record_shapes=True)"
 )
 PARSER.add_argument(
-    "--with-stack",
-    "--stack",
-    dest="stack",
-    action="store_true",
-    help="record Python stacks (with_stack=True)",
+    "--with-stack", dest="stack", action="store_true", help="record Python stacks (with_stack=True)"
 )
 PARSER.add_argument(
-    "--with-flops",
-    "--flops",
-    dest="flops",
-    action="store_true",
-    help="estimate FLOPs (with_flops=True)",
+    "--with-flops", dest="flops", action="store_true", help="estimate FLOPs (with_flops=True)"
 )
 PARSER.add_argument(
     "--wait",

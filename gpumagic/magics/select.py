@@ -15,14 +15,13 @@ PARSER = MagicParser(
 )
 PARSER.add_argument("count", nargs="?", default=None, metavar="N", help="how many GPUs (default 1)")
 # nvitop's names (its nvisel command and select_devices(min_free_memory=...,
-# max_gpu_utilization=...)); the shorter spellings of earlier versions stay as aliases.
+# max_gpu_utilization=...))
 PARSER.add_argument(
     "-n", "--count", dest="count_option", metavar="N", help="how many GPUs, as nvisel -n N"
 )
 PARSER.add_argument(
     "-f",
     "--min-free-memory",
-    "--min-free",
     dest="min_free",
     metavar="SIZE",
     help="only GPUs with at least this much free memory (8GiB, 500MiB)",
@@ -30,7 +29,6 @@ PARSER.add_argument(
 PARSER.add_argument(
     "-G",
     "--max-gpu-utilization",
-    "--max-util",
     dest="max_util",
     metavar="PCT",
     help="only GPUs at most this busy (percent)",
@@ -76,7 +74,7 @@ class SelectMagics(Magics):
                 max_util = parse_percent(opts.max_util)
             except ValueError:
                 raise PARSER.usage_error(
-                    f"--max-util must be a percentage, got {opts.max_util!r}"
+                    f"--max-gpu-utilization must be a percentage, got {opts.max_util!r}"
                 ) from None
         try:
             return select_gpus(

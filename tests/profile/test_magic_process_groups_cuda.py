@@ -29,7 +29,7 @@ def group(tmp_path):
 
 
 CELL = (
-    "%%gpuprofile -q --shapes\n"
+    "%%gpuprofile -q --record-shapes\n"
     "for step in range(5):\n"
     "    y = (x @ x).relu()\n"
     "    dist.all_reduce(y)\n"
