@@ -146,6 +146,13 @@ def test_values_that_look_like_options_are_values() -> None:
         # argparse's abbreviations are second spellings too
         ("%gpuselect --min-free 8GiB", "--min-free", "--min-free-memory"),
         ("%%gpuprofile --keep-f\nx = 1\n", "--keep-f", "--keep-first"),
+        # nvidia-smi's and nvisel's names: their help names the option they are
+        ("%gpuwatch -l 0.5", "-l", "--interval"),
+        ("%gpuwatch --loop 0.5", "--loop", "--interval"),
+        ("%gpuwatch -f gpu.csv", "-f", "--log"),
+        ("%gpuwatch --filename gpu.csv", "--filename", "--log"),
+        ("%gpuwatch --id 0,1", "--id", "--gpus"),
+        ("%gpuselect -n 2", "-n", "N"),
     ],
 )
 def test_an_option_has_one_spelling(ip, run, line, named, suggested) -> None:
@@ -155,21 +162,15 @@ def test_an_option_has_one_spelling(ip, run, line, named, suggested) -> None:
     message = str(err).splitlines()[0]
     assert f"unrecognized arguments: {named} (did you mean {suggested}?)" in message, message
     assert "ran" not in ip.user_ns
+    assert not [t for t in threading.enumerate() if t.name == "gpumagic-watch"]
 
 
-@pytest.mark.parametrize(
-    ("parser", "old", "new"),
-    [
-        (watch.PARSER, "-i 0.5 --log a.csv --gpus 0,1", "-l 0.5 -f a.csv --id 0,1"),
-        (watch.PARSER, "-i 0.5 --log a.csv", "--loop 0.5 --filename a.csv"),
-        (select.PARSER, "2 --min-free-memory 8GiB --max-gpu-utilization 30", "2 -f 8GiB -G 30"),
-    ],
-)
-def test_old_spellings_and_the_conventional_names_mean_the_same(parser, old, new) -> None:
-    assert parser.parse_line(old) == parser.parse_line(new)
+def test_nvisels_short_options_are_the_long_ones() -> None:
+    long = select.PARSER.parse_line("2 --min-free-memory 8GiB --max-gpu-utilization 30")
+    assert long == select.PARSER.parse_line("2 -f 8GiB -G 30")
 
 
-def test_gpuselect_takes_n_as_nvisel_does(run, monkeypatch) -> None:
+def test_gpuselect_takes_n_as_its_first_word(run, monkeypatch) -> None:
     import gpumagic.monitor.choose as choose
 
     seen: list[int] = []
@@ -178,11 +179,9 @@ def test_gpuselect_takes_n_as_nvisel_does(run, monkeypatch) -> None:
         seen.append(count)
 
     monkeypatch.setattr(choose, "select_gpus", fake_select)
-    run("%gpuselect -n 3")
     run("%gpuselect 2")
-    assert seen == [3, 2]
-    r = run("%gpuselect 2 -n 3")
-    assert isinstance(r.result.error_in_exec, UsageError) and "give N once" in str(r.result.error_in_exec)
+    run("%gpuselect")
+    assert seen == [2, 1]
 
 
 # -- -o as %timeit -o ----------------------------------------------------------------------------

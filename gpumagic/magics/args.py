@@ -185,6 +185,13 @@ class MagicParser(argparse.ArgumentParser):
         return None
 
     def _did_you_mean(self, name: str) -> str:
+        """The option meant: the one whose help names ``name`` (``--loop``: nvidia-smi's name
+        for ``--interval``, which the help of --interval gives), else the nearest spelling."""
+        named = re.compile(rf"(?<![\w-]){re.escape(name)}(?![\w-])")
+        for action in self._actions:
+            if action.help and named.search(action.help):
+                meant = action.option_strings[-1] if action.option_strings else action.metavar
+                return f" (did you mean {meant}?)"
         close = difflib.get_close_matches(name, list(self._option_string_actions), n=1, cutoff=0.6)
         return f" (did you mean {close[0]}?)" if close else ""
 

@@ -13,12 +13,11 @@ PARSER = MagicParser(
     description="Pick the least-loaded GPUs of a shared box and make them this kernel's GPUs "
     "(sets CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER=PCI_BUS_ID); run it before CUDA starts.",
 )
-PARSER.add_argument("count", nargs="?", default=None, metavar="N", help="how many GPUs (default 1)")
+PARSER.add_argument(
+    "count", nargs="?", default=None, metavar="N", help="how many GPUs (default 1), nvisel's -n N"
+)
 # nvitop's names (its nvisel command and select_devices(min_free_memory=...,
 # max_gpu_utilization=...))
-PARSER.add_argument(
-    "-n", "--count", dest="count_option", metavar="N", help="how many GPUs, as nvisel -n N"
-)
 PARSER.add_argument(
     "-f",
     "--min-free-memory",
@@ -61,13 +60,10 @@ class SelectMagics(Magics):
         opts = PARSER.parse_line(without_silencer(line))
         if opts is None:  # -h: the help was printed
             return None
-        if opts.count is not None and opts.count_option is not None:
-            raise PARSER.usage_error("give N once: as the first word or with -n/--count")
-        given = opts.count if opts.count is not None else opts.count_option
         try:
-            count = int(given) if given is not None else 1
+            count = int(opts.count) if opts.count is not None else 1
         except ValueError:
-            raise PARSER.usage_error(f"N must be a whole number of GPUs, got {given!r}") from None
+            raise PARSER.usage_error(f"N must be a whole number of GPUs, got {opts.count!r}") from None
         max_util: float | None = None
         if opts.max_util is not None:
             try:

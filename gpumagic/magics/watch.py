@@ -29,33 +29,26 @@ PARSER.add_argument(
     help="start (the default) a watch and its live chart; status: the values now and the "
     "alerts; stop: the summary, per-cell peaks and the CSV path",
 )
-# -i/--interval as nvitop's --interval; nvidia-smi's spellings (-l/--loop, --id,
-# -f/--filename) are accepted too, for what they mean there.
+# -i/--interval as nvitop's --interval. nvidia-smi's names for the same options are in their
+# help, not accepted: each option has one spelling, and the help names it for a -l or --id.
 PARSER.add_argument(
     "-i",
     "--interval",
-    "-l",
-    "--loop",
-    dest="interval",
     type=float,
     default=None,
     metavar="SECONDS",
-    help="seconds between samples (floor 0.1; default 1, or 5 with --prometheus)",
+    help="seconds between samples, nvidia-smi's -l/--loop (floor 0.1; default 1, or 5 with "
+    "--prometheus)",
 )
 PARSER.add_argument(
     "--log",
-    "-f",
-    "--filename",
-    dest="log",
     metavar="FILE.csv",
-    help="append every sample to this CSV (nvidia-smi column names)",
+    help="append every sample to this CSV (nvidia-smi's -f/--filename; its column names)",
 )
 PARSER.add_argument(
     "--gpus",
-    "--id",
-    dest="gpus",
     metavar="0,1",
-    help="CUDA indexes to watch (default: all visible)",
+    help="CUDA indexes to watch, nvidia-smi's --id (default: all visible)",
 )
 PARSER.add_argument(
     "--window", type=float, default=300.0, metavar="SECONDS", help="history kept and drawn"
