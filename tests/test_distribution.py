@@ -107,7 +107,7 @@ def test_wheel_carries_license_types_and_metadata(dists):
     assert {u.split(",", 1)[0] for u in meta.get_all("Project-URL")} >= {
         "Homepage", "Repository", "Issues", "Documentation"
     }
-    assert "pip install gpumagic" in meta.get_payload()  # the README is the package's page
+    assert "%load_ext gpumagic" in meta.get_payload()  # the README is the package's page
     extras = meta.get_all("Provides-Extra")
     assert {"test", "dev"} <= set(extras)
     test_extra = [r for r in meta.get_all("Requires-Dist") if 'extra == "test"' in r]
