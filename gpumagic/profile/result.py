@@ -17,15 +17,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gpumagic.profile.analysis.breakdown import CATEGORIES
 from gpumagic.profile.analysis.trace_analysis import Analysis, IdleReport
-from gpumagic.profile.ranks import Rank, RankSummary, communication_row, own_work_us, slow_ranks
+from gpumagic.profile.ranks import Rank, RankSummary, own_work_us, slow_ranks
 from gpumagic.profile.rules.base import Finding
 from gpumagic.profile.rules.registry import diagnose
+from gpumagic.profile.summary import ProfileSummary, summarise
 from gpumagic.profile.trace.session import LiveState
 from gpumagic.render.html import Rendered
 
@@ -172,7 +172,7 @@ class ProfileResult(Rendered):
 
     def category_samples(self) -> list[np.ndarray]:
         """Per run, µs of each breakdown category in each analysed step (steps x
-        :data:`CATEGORIES`)."""
+        :data:`~gpumagic.profile.analysis.breakdown.CATEGORIES`)."""
         return [np.asarray(r.primary.breakdown.us, float) for r in self.runs]
 
     def metric_samples(self) -> dict[str, list[np.ndarray]]:
@@ -210,71 +210,21 @@ class ProfileResult(Rendered):
     # --- the tables ------------------------------------------------------------------
 
     @cached_property
-    def summary(self) -> dict[str, Any]:
-        """Headline numbers (µs, percent, counts) for the run."""
-        a = self.primary
-        st, bd = a.steps, a.breakdown
-        n = max(len(st), 1)
-        idle = a.idle
-        devices = a.devices
-        trace = a.trace
-        used = [trace.device(d.device) for d in devices]
-
-        def mean(values: list[float | None]) -> float | None:
-            vals = [v for v in values if v is not None]
-            return float(sum(vals) / len(vals)) if vals else None
-
-        out: dict[str, Any] = {
-            "source": self.source,
-            "rank": trace.rank,
-            "ranks": len(self._ranks),
-            "slowest_rank": self.slowest_rank,
-            "wall_time_us": trace.end - trace.start,
-            "profiled_span_us": st.span[1] - st.span[0],
-            "steps": len(st),
-            "step_names": list(st.names),
-            "steps_from": st.source,
-            "steps_dropped": st.dropped,
-            "first_step_left_out": st.first_left_out,
-            # a trace without step marks: its start-up phase (µs, and what it holds), and
-            # whether the step starts after it (the figures leave it out) or holds it
-            "startup_us": st.startup.us if st.startup is not None else 0.0,
-            "startup": st.startup.describe() if st.startup is not None else "",
-            "startup_left_out": st.startup_left_out,
-            "step_time_us": bd.mean_step_us,
-            "step_time_min_us": float(st.duration.min()) if len(st) else 0.0,
-            "step_time_max_us": float(st.duration.max()) if len(st) else 0.0,
-            "gpu_utilization_percent": a.gpu_utilization_percent,
-            "sm_efficiency_percent": mean([d.sm_efficiency_percent for d in devices]),
-            "achieved_occupancy_percent": mean([d.occupancy_percent for d in devices]),
-            "gpu_idle_us_per_step": sum(idle.device_us.values()) / n if trace.has_gpu else None,
-            "gpu_idle_split_us_per_step": {k: v / n for k, v in idle.device_us.items()}
-            if trace.has_gpu
-            else None,
-            "breakdown_percent": dict(zip(CATEGORIES, bd.percent.tolist())),
-            "devices": sorted({d.name for d in used if d is not None}),
-            "cpu_only": not trace.has_gpu,
-            "events": trace.events,
-            "findings": len(self.findings),
-        }
-        out.update(self._communication_summary())
-        out.update(self._noise_summary())
-        return out
-
-    def _noise_summary(self) -> dict[str, Any]:
-        from gpumagic.profile.analysis import noise
-
-        samples = self.step_samples
-        return {
-            "runs": len(samples),
-            "step_time_median_us": noise.point(samples),
-            # the 95% interval of the median step time (None with fewer than 3 steps)
-            "step_time_median_interval_us": noise.interval(samples),
-        }
+    def summary(self) -> ProfileSummary:
+        """Headline numbers (µs, percent, counts) for the run: see :class:`ProfileSummary`."""
+        return summarise(
+            self.primary,
+            source=self.source,
+            ranks=len(self._ranks),
+            slowest_rank=self.slowest_rank,
+            findings=len(self.findings),
+            collective_wait_us_per_step=self._collective_waits[self._primary_index],
+            step_samples=self.step_samples,
+        )
 
     @cached_property
     def breakdown(self) -> pd.DataFrame:
-        """Mean µs per step and percent of the step, per category (index: :data:`CATEGORIES`)."""
+        """Mean µs per step and percent of the step, per category (index: :data:`~gpumagic.profile.analysis.breakdown.CATEGORIES`)."""
         return self.primary.breakdown_frame()
 
     @cached_property
@@ -336,26 +286,6 @@ class ProfileResult(Rendered):
         return waits_from_durations(
             [r.call_durations() for r in self._ranks], [r.step_count for r in self._ranks]
         )
-
-    def _communication_summary(self) -> dict[str, Any]:
-        a = self.primary
-        comms = a.comms
-        i = self._primary_index
-        percent = dict(zip(CATEGORIES, a.breakdown.percent.tolist()))
-        us = dict(zip(CATEGORIES, a.breakdown.mean_us.tolist()))
-        return {
-            "communication_percent": percent["Communication"],
-            "communication_us_per_step": us["Communication"],
-            "communication_overlap_percent": comms.overlap_percent,
-            "communication_exposed_us_per_step": communication_row(a)[
-                "communication_only_us_per_step"
-            ]
-            if comms.present
-            else 0.0,
-            "communication_busy_percent": comms.busy_percent(a.steps),
-            "collective_calls": len(comms.calls),
-            "collective_wait_us_per_step": self._collective_waits[i],
-        }
 
     @cached_property
     def lines(self) -> pd.DataFrame:

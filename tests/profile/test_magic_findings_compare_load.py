@@ -70,8 +70,8 @@ def test_single_process_dataloader_is_diagnosed_and_workers_fix_it(ip, run, show
     assert r.result.success, r.stdout
     slow = ip.user_ns["_gpuprofile"]
     # 64 / 8 batches, each closed by gpumagic.step(); the first (setup) is left out
-    assert slow.summary["steps"] == 7 and slow.summary["first_step_left_out"] is True
-    assert slow.summary["steps_from"] == "ProfilerStep"
+    assert slow.summary.steps == 7 and slow.summary.first_step_left_out is True
+    assert slow.summary.steps_from == "ProfilerStep"
     rules = {f.rule: f for f in slow.findings}
     assert "dataloader" in rules
     assert "num_workers=0" in rules["dataloader"].message
@@ -105,8 +105,8 @@ def test_cell_without_step_marks_is_one_step_and_keeps_its_value(ip, run):
     assert r.result.result == 128  # the cell's value, as without the magic
     assert ip.user_ns["b"].shape == (64, 64)
     p = ip.user_ns["_gpuprofile"]
-    assert p.summary["steps"] == 1 and p.summary["steps_from"] == "trace"
-    assert p.summary["cpu_only"] is True
+    assert p.summary.steps == 1 and p.summary.steps_from == "trace"
+    assert p.summary.cpu_only is True
     assert "aten::mm" in set(p.ops["name"])
 
 
@@ -117,8 +117,8 @@ def test_dataloader_batches_are_steps_without_marks(ip, run, setup):
     )
     assert r.result.success, r.stdout
     p = ip.user_ns["_gpuprofile"]
-    assert p.summary["steps_from"] == "DataLoader"
-    assert p.summary["steps"] >= 4
+    assert p.summary.steps_from == "DataLoader"
+    assert p.summary.steps >= 4
 
 
 def test_exception_shows_partial_profile_stops_profiler_and_propagates_once(ip, run):
@@ -145,12 +145,12 @@ def test_schedule_trace_export_and_load(ip, run, show, tmp_path):
     )
     assert r.result.success, r.stdout
     p = ip.user_ns["_gpuprofile"]
-    assert p.summary["steps"] == 2
+    assert p.summary.steps == 2
     events = json.loads(gzip.decompress(out.read_bytes()))["traceEvents"]
     assert any(e.get("name", "").startswith("ProfilerStep") for e in events)
     r = show(f"%gpuprofile --load {out}")
     assert r.result.success, r.stdout
-    assert r.value is ip.user_ns["_gpuprofile"] and r.value.summary["steps"] == 2
+    assert r.value is ip.user_ns["_gpuprofile"] and r.value.summary.steps == 2
     assert "gpumagic" in r.html()
 
 
@@ -296,4 +296,4 @@ def test_options_expand_notebook_variables(ip, run):
     ip.user_ns["ACTIVE"] = 2
     r = run("%%gpuprofile -q --wait 0 --warmup 1 --active {ACTIVE}\nimport gpumagic\nfor i in range(4):\n    gpumagic.step()\n")
     assert r.result.success, r.stdout
-    assert ip.user_ns["_gpuprofile"].summary["steps"] == 2
+    assert ip.user_ns["_gpuprofile"].summary.steps == 2

@@ -47,7 +47,7 @@ def test_one_gpu_nccl_group_has_communication_and_a_collective_table(ip, run, gr
     r = run(CELL)
     assert r.result.success, r.stdout
     p = ip.user_ns["_gpuprofile"]
-    assert p.summary["steps"] == 5
+    assert p.summary.steps == 5
     assert "Communication" in p.breakdown.index
     assert p.breakdown.loc["Kernel", "us"] > 0
     c = p.collectives

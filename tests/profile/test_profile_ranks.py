@@ -56,8 +56,8 @@ def test_the_default_pool_reduces_every_rank_in_a_worker(job, monkeypatch):
     for rank in (0, 1, STRAGGLER):
         alone = load_trace(job / f"rank-{rank}.json.gz").summary
         row = r.per_rank.set_index("rank").loc[rank]
-        assert row["step_time_us"] == pytest.approx(alone["step_time_us"])
-        assert row["gpu_utilization_percent"] == pytest.approx(alone["gpu_utilization_percent"])
+        assert row["step_time_us"] == pytest.approx(alone.step_time_us)
+        assert row["gpu_utilization_percent"] == pytest.approx(alone.gpu_utilization_percent)
         assert row["collective_us_per_step"] == pytest.approx(
             load_trace(job / f"rank-{rank}.json.gz").primary.collective_us_per_step
         )
@@ -69,7 +69,7 @@ def test_the_default_pool_reduces_every_rank_in_a_worker(job, monkeypatch):
     # the report shows the slowest rank in full: its file is read again, and only its
     text = r.to_text()
     assert _analyses_alive() == before + 1
-    assert r.summary["rank"] == STRAGGLER and r.summary["ranks"] == 6
+    assert r.summary.rank == STRAGGLER and r.summary.ranks == 6
     assert f"slowest: rank {STRAGGLER}" in text
     assert f"rank {STRAGGLER}: " in text and "more compute" in text
 
@@ -80,7 +80,7 @@ def test_a_rank_loads_in_full_on_demand_and_is_not_kept(job, monkeypatch):
     before = _analyses_alive()
     one = r.rank(4)
     assert _analyses_alive() == before + 1
-    assert one.summary["rank"] == 4 and one.summary["ranks"] == 1
+    assert one.summary.rank == 4 and one.summary.ranks == 1
     alone = load_trace(job / "rank-4.json.gz")
     pd.testing.assert_frame_equal(one.breakdown, alone.breakdown)
     pd.testing.assert_frame_equal(one.kernels, alone.kernels)
