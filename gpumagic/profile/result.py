@@ -34,8 +34,9 @@ if TYPE_CHECKING:
 
     from gpumagic.render.sections import Report
 
-# Table rows a result shows by default: a terminal has less room than a notebook.
-TEXT_ROWS, HTML_ROWS = 10, 15
+# Table rows a result shows unless told (display_rows, or a method's rows=): a terminal has
+# less room than a notebook, and an exported page has room for more.
+TEXT_ROWS, HTML_ROWS, PAGE_ROWS = 10, 15, 50
 
 
 class ProfileResult(Rendered):
@@ -61,8 +62,10 @@ class ProfileResult(Rendered):
         self.source = source
         self.live = live
         self.name = name or Path(source).name
-        # Table rows when the result shows itself (Out[], display()); None: the renderers'
-        # defaults. %gpuprofile --load --rows N sets it on the result it returns.
+        # Table rows whenever the result shows itself (Out[], display(), to_text(), to_html());
+        # None: TEXT_ROWS as text, HTML_ROWS as HTML. %gpuprofile --rows N sets it on every
+        # result it keeps, so it shows the same rows later as where it was made. This is the
+        # one choice of rows (see table_rows); only export() and the CLI pass their own.
         self.display_rows: int | None = None
         # What the recording itself tells about the trace (no GPU events although CUDA was
         # recorded; the profiler stopped collecting early), and what the traces' own events
@@ -198,11 +201,18 @@ class ProfileResult(Rendered):
 
     def with_earlier_runs(self, earlier: list[ProfileResult]) -> ProfileResult:
         """The same run, holding ``earlier`` runs of the same cell as further samples."""
-        out = ProfileResult(self._ranks, self.source, self.live, self.name)
+        out = self._same_run(self.live)
+        out.earlier_runs = [r for e in earlier for r in e.runs]
+        return out
+
+    def _same_run(self, live: LiveState | None) -> ProfileResult:
+        """A new result of the same analyses (its summary and findings made again), with
+        everything else this one holds."""
+        out = ProfileResult(self._ranks, self.source, live, self.name)
         out.notes = list(self.notes)
         out.display_rows = self.display_rows
         out.reduced_by = self.reduced_by
-        out.earlier_runs = [r for e in earlier for r in e.runs]
+        out.earlier_runs = list(self.earlier_runs)
         if "primary" in self.__dict__:  # already read: the new result need not read it again
             out.__dict__["primary"] = self.__dict__["primary"]
         return out
@@ -350,43 +360,51 @@ class ProfileResult(Rendered):
 
     def with_live(self, live: LiveState | None) -> ProfileResult:
         """The same analysis, diagnosed with session facts (see :mod:`gpumagic.profile.live`)."""
-        out = ProfileResult(self._ranks, self.source, live, self.name)
-        out.notes = list(self.notes)
-        out.earlier_runs = list(self.earlier_runs)
-        if "primary" in self.__dict__:  # already read: the new result need not read it again
-            out.__dict__["primary"] = self.__dict__["primary"]
-        return out
+        return self._same_run(live)
 
     # --- output ----------------------------------------------------------------------
+
+    def table_rows(self, form: str, rows: int | None = None) -> int:
+        """Rows in each table of the report as ``form`` ("text", "html" or "page"): ``rows``
+        where given, else :attr:`display_rows`, else the form's default. A page (``export``)
+        has its own default and takes no display_rows: it is a file, not a display."""
+        if rows is not None:
+            return rows
+        if form == "page":
+            return PAGE_ROWS
+        if self.display_rows is not None:
+            return self.display_rows
+        return TEXT_ROWS if form == "text" else HTML_ROWS
 
     def _report(self) -> Report:
         from gpumagic.render.profile import profile_report
 
-        return profile_report(self, TEXT_ROWS if self.display_rows is None else self.display_rows)
+        return profile_report(self, self.table_rows("text"))
 
     def _text(self) -> str:
-        return self.to_text(TEXT_ROWS if self.display_rows is None else self.display_rows)
+        return self.to_text()
 
     def _html(self) -> str:
-        return self.to_html(HTML_ROWS if self.display_rows is None else self.display_rows)
+        return self.to_html()
 
-    def to_text(self, rows: int = 10) -> str:
-        """The report as text, ``rows`` rows in each table."""
+    def to_text(self, rows: int | None = None) -> str:
+        """The report as text, ``rows`` rows in each table (see :meth:`table_rows`)."""
         from gpumagic.render.profile import profile_report
 
-        return profile_report(self, rows).text()
+        return profile_report(self, self.table_rows("text", rows)).text()
 
-    def to_html(self, rows: int = 15) -> str:
-        """The report as HTML, ``rows`` rows in each table (no stylesheet: see
-        :mod:`gpumagic.render.html`; ``export`` writes a page with one)."""
+    def to_html(self, rows: int | None = None) -> str:
+        """The report as HTML, ``rows`` rows in each table (see :meth:`table_rows`; no
+        stylesheet: see :mod:`gpumagic.render.html`; ``export`` writes a page with one)."""
         from gpumagic.render.profile import profile_report
 
-        return profile_report(self, rows).html(style=False)
+        return profile_report(self, self.table_rows("html", rows)).html(style=False)
 
-    def export(self, path: str | Path, rows: int = 50) -> Path:
-        """Write a self-contained HTML report (no scripts, no external files)."""
+    def export(self, path: str | Path, rows: int | None = None) -> Path:
+        """Write a self-contained HTML report (no scripts, no external files), ``rows`` rows
+        in each table (default 50)."""
         from gpumagic.render.profile import report_document
 
         out = Path(path)
-        out.write_text(report_document(self, rows=rows), encoding="utf-8")
+        out.write_text(report_document(self, self.table_rows("page", rows)), encoding="utf-8")
         return out

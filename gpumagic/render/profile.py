@@ -503,8 +503,9 @@ def _kernels_sections(r: ProfileResult, rows: int) -> list[Section]:
 # --- the report --------------------------------------------------------------------------
 
 
-def profile_report(r: ProfileResult, rows: int = 15) -> Report:
-    """The whole report, ``rows`` rows in each table."""
+def profile_report(r: ProfileResult, rows: int) -> Report:
+    """The whole report, ``rows`` rows in each table (the result chooses how many:
+    :meth:`~gpumagic.profile.result.ProfileResult.table_rows`)."""
     sections: list[Section] = [
         *(Paragraph(n, "box", prefix="note: ", css="gm-record-note") for n in r.notes),
         KeyValues(_headline_items(r)),
@@ -528,7 +529,7 @@ def profile_report(r: ProfileResult, rows: int = 15) -> Report:
     return Report("profile", "%%gpuprofile", _title(r), sections, summary=summary)
 
 
-def report_document(r: ProfileResult, rows: int = 50) -> str:
+def report_document(r: ProfileResult, rows: int) -> str:
     """A standalone HTML page: the same report, no scripts and no external resources."""
     return (
         "<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"

@@ -191,6 +191,20 @@ def test_compare_returns_the_comparison_shown_once_as_out(ip, show, two_runs):
         assert ip.user_ns["_gpuprofile_compare"] is not before, silenced
 
 
+def test_a_profiled_cell_shows_its_rows_wherever_it_shows(ip, show):
+    # one choice of rows: --rows N holds for the report under the cell, for the result
+    # shown again later (text and HTML alike), and for its to_text()/to_html()
+    r = show("%%gpuprofile --rows 2\n" + MATMUL + "y = torch.ones(8).cumsum(0).sum()\n")
+    assert r.result.success, r.stdout
+    p = ip.user_ns["_gpuprofile"]
+    assert len(p.ops) > 2 and p.display_rows == 2
+    (shown,) = r.reports("profile")
+    assert shown == p._repr_mimebundle_()
+    assert f"top 2 of {len(p.ops)}" in shown["text/html"] and f"top 2 of {len(p.ops)}" in shown["text/plain"]
+    assert p.to_text() == shown["text/plain"] and p.to_html() == shown["text/html"]
+    assert f"top 4 of {len(p.ops)}" in p.to_text(rows=4)  # an explicit count still wins
+
+
 def test_load_returns_the_result_shown_once_with_its_rows(ip, show, two_runs):
     from gpumagic.profile.result import ProfileResult
 
