@@ -20,21 +20,15 @@ PARSER = MagicParser(
     forms=["%memtrace [options] STATEMENT   (one statement)"],
 )
 output_option(PARSER, "a cell's value, a statement's value")
-PARSER.add_argument(
-    "-d", "--device", metavar="DEV", help="cuda, cuda:N or host (default: CUDA if available)"
-)
-PARSER.add_argument(
-    "-q", "--quiet", action="store_true", help="display nothing; the result is still stored"
-)
+PARSER.add_argument("-d", "--device", metavar="DEV", help="cuda, cuda:N or host (default: CUDA if available)")
+PARSER.add_argument("-q", "--quiet", action="store_true", help="display nothing; the result is still stored")
 PARSER.add_argument("--no-live", action="store_true", help="no live view while the cell runs")
 PARSER.add_argument(
-    "--sync",
-    action="store_true",
+    "--sync", action="store_true",
     help="synchronise the CUDA device at each statement, so its time includes its GPU work",
 )
 PARSER.add_argument(
-    "--no-tensors",
-    action="store_true",
+    "--no-tensors", action="store_true",
     help="no tensor census (no categories): the CUDA allocator's counters alone, or the host's RSS",
 )
 

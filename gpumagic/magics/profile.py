@@ -31,69 +31,41 @@ PARSER = MagicParser(
 )
 PARSER.add_argument("-n", "--name", metavar="NAME", help="keep this run under NAME for --compare")
 output_option(PARSER, "a cell's value; the line forms return theirs anyway")
-PARSER.add_argument(
-    "--rows", type=int, default=15, metavar="N", help="rows in the operator and kernel tables"
-)
+PARSER.add_argument("--rows", type=int, default=15, metavar="N", help="rows in the operator and kernel tables")
 # torch.profiler's own names: profile(profile_memory=..., record_shapes=..., with_stack=...,
 # with_flops=...)
 PARSER.add_argument(
-    "--profile-memory",
-    dest="memory",
-    action="store_true",
-    help="record memory (torch.profiler's profile_memory=True)",
+    "--profile-memory", dest="memory", action="store_true", help="record memory (torch.profiler's profile_memory=True)"
 )
+PARSER.add_argument("--record-shapes", dest="shapes", action="store_true", help="record input shapes (record_shapes=True)")
+PARSER.add_argument("--with-stack", dest="stack", action="store_true", help="record Python stacks (with_stack=True)")
+PARSER.add_argument("--with-flops", dest="flops", action="store_true", help="estimate FLOPs (with_flops=True)")
 PARSER.add_argument(
-    "--record-shapes", dest="shapes", action="store_true", help="record input shapes (record_shapes=True)"
-)
-PARSER.add_argument(
-    "--with-stack", dest="stack", action="store_true", help="record Python stacks (with_stack=True)"
-)
-PARSER.add_argument(
-    "--with-flops", dest="flops", action="store_true", help="estimate FLOPs (with_flops=True)"
-)
-PARSER.add_argument(
-    "--wait",
-    type=int,
-    metavar="N",
+    "--wait", type=int, metavar="N",
     help="schedule, as torch.profiler.schedule(wait=N): steps to skip (needs gpumagic.step())",
 )
 PARSER.add_argument("--warmup", type=int, metavar="N", help="schedule: warm-up steps")
 PARSER.add_argument("--active", type=int, metavar="N", help="schedule: steps to record")
 PARSER.add_argument(
-    "--keep-first",
-    action="store_true",
+    "--keep-first", action="store_true",
     help="keep the first gpumagic.step() step (first-call setup) in the step statistics",
 )
 PARSER.add_argument(
-    "--repeat",
-    type=int,
-    default=1,
-    metavar="N",
+    "--repeat", type=int, default=1, metavar="N",
     help="run the cell N times: the steps of every run are samples of the step time, so "
     "--compare counts run-to-run noise too (the tables describe the last run)",
 )
 PARSER.add_argument(
-    "--no-attribution",
-    action="store_true",
+    "--no-attribution", action="store_true",
     help="no time per line and per nn.Module (no statement ranges, no module hooks)",
 )
+PARSER.add_argument("--trace", metavar="PATH", help="write the Chrome trace here (.json or .json.gz; opens in Perfetto)")
 PARSER.add_argument(
-    "--trace",
-    metavar="PATH",
-    help="write the Chrome trace here (.json or .json.gz; opens in Perfetto)",
-)
-PARSER.add_argument(
-    "-q",
-    "--quiet",
-    action="store_true",
+    "-q", "--quiet", action="store_true",
     help="display nothing (a line form returns None unless -o); the result is still stored",
 )
-PARSER.add_argument(
-    "--compare", nargs=2, metavar=("A", "B"), help="compare two named runs (line magic)"
-)
-PARSER.add_argument(
-    "--load", metavar="PATH", help="analyse a saved trace file or per-rank directory (line magic)"
-)
+PARSER.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two named runs (line magic)")
+PARSER.add_argument("--load", metavar="PATH", help="analyse a saved trace file or per-rank directory (line magic)")
 
 
 @magics_class
@@ -111,25 +83,20 @@ class ProfileMagics(Magics):
     def gpuprofile(self, line: str, cell: str | None = None) -> Any:
         """Profile a cell under torch.profiler: step-time breakdown, GPU idle, tables, diagnosis.
 
-        The line forms return their result: ``cmp = %gpuprofile --compare A B`` keeps it, a
-        bare call shows it as ``Out[]``, and a trailing ``;`` (or ``--quiet``, which returns
-        None unless -o) shows nothing. It is also stored in ``_gpuprofile_compare`` /
-        ``_gpuprofile``. ``%%gpuprofile -o`` returns the result in place of the cell's value,
-        as ``%timeit -o`` does. ``--compare`` gives each change with its 95% interval, and a
-        verdict: faster, slower, or no difference beyond the noise.
+        The line forms return their result (``cmp = %gpuprofile --compare A B`` keeps it, a
+        bare call shows it as ``Out[]``, a trailing ``;`` or ``--quiet`` shows nothing); it is
+        also kept in ``_gpuprofile_compare`` / ``_gpuprofile``. ``--compare`` gives each change
+        with its 95% interval, and a verdict: faster, slower, or no difference beyond the noise.
 
-        Inside the cell, ``gpumagic.step()`` marks the end of a training step (a no-op
-        outside a profile); without marks each DataLoader batch starts a step, else the
-        whole cell is one step. Without a schedule the first marked step (first-call setup:
-        cuBLAS/cuDNN handles, lazy CUDA module loading, autotuning) is left out of the step
-        statistics when others follow; ``--keep-first`` keeps it. ``--repeat N`` runs the cell
-        N times: each run's steps are samples of the step time, so a comparison's interval
-        counts the noise from run to run, not only from step to step. The result
-        (``_gpuprofile``) has ``.summary``, ``.breakdown``, ``.steps``, ``.ops``, ``.kernels``,
-        ``.idle``, ``.findings``, ``.notes`` and ``.export(path)``;
-        ``.lines`` (time per statement of the cell) and ``.modules`` (per ``nn.Module``
-        instance, forward and backward), and each finding's ``line``/``source``/``module`` say
-        where in the code the time went. ``--no-attribution`` leaves the cell uninstrumented.
+        Inside the cell, ``gpumagic.step()`` marks the end of a training step (a no-op outside
+        a profile); without marks each DataLoader batch starts a step, else the whole cell is
+        one step. Without a schedule the first marked step (first-call setup: cuBLAS/cuDNN
+        handles, lazy CUDA module loading, autotuning) is left out of the step statistics
+        when others follow. The result (``_gpuprofile``) has ``.summary``, ``.breakdown``,
+        ``.steps``, ``.ops``, ``.kernels``, ``.idle``, ``.findings``, ``.notes`` and
+        ``.export(path)``; ``.lines`` (time per statement of the cell) and ``.modules`` (per
+        ``nn.Module`` instance, forward and backward), and each finding's
+        ``line``/``source``/``module`` say where in the code the time went.
         """
         __tracebackhide__ = True
         opts = PARSER.parse_line(without_silencer(line) if cell is None else line)

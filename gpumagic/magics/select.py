@@ -19,22 +19,13 @@ PARSER.add_argument(
 # nvitop's names (its nvisel command and select_devices(min_free_memory=...,
 # max_gpu_utilization=...))
 PARSER.add_argument(
-    "-f",
-    "--min-free-memory",
-    dest="min_free",
-    metavar="SIZE",
+    "-f", "--min-free-memory", dest="min_free", metavar="SIZE",
     help="only GPUs with at least this much free memory (8GiB, 500MiB)",
 )
 PARSER.add_argument(
-    "-G",
-    "--max-gpu-utilization",
-    dest="max_util",
-    metavar="PCT",
-    help="only GPUs at most this busy (percent)",
+    "-G", "--max-gpu-utilization", dest="max_util", metavar="PCT", help="only GPUs at most this busy (percent)"
 )
-PARSER.add_argument(
-    "--no-others", action="store_true", help="only GPUs no other process is using"
-)
+PARSER.add_argument("--no-others", action="store_true", help="only GPUs no other process is using")
 
 
 @magics_class

@@ -22,64 +22,43 @@ PARSER = MagicParser(
     "without a GPU); with --prometheus, every GPU of a multi-node job from its DCGM exporters.",
 )
 PARSER.add_argument(
-    "action",
-    nargs="?",
-    default="start",
-    choices=["start", "stop", "status"],
+    "action", nargs="?", default="start", choices=["start", "stop", "status"],
     help="start (the default) a watch and its live chart; status: the values now and the "
     "alerts; stop: the summary, per-cell peaks and the CSV path",
 )
 # -i/--interval as nvitop's --interval. nvidia-smi's names for the same options are in their
 # help, not accepted: each option has one spelling, and the help names it for a -l or --id.
 PARSER.add_argument(
-    "-i",
-    "--interval",
-    type=float,
-    default=None,
-    metavar="SECONDS",
-    help="seconds between samples, nvidia-smi's -l/--loop (floor 0.1; default 1, or 5 with "
-    "--prometheus)",
+    "-i", "--interval", type=float, default=None, metavar="SECONDS",
+    help="seconds between samples, nvidia-smi's -l/--loop (floor 0.1; default 1, or 5 with --prometheus)",
 )
 PARSER.add_argument(
-    "--log",
-    metavar="FILE.csv",
-    help="append every sample to this CSV (nvidia-smi's -f/--filename; its column names)",
+    "--log", metavar="FILE.csv", help="append every sample to this CSV (nvidia-smi's -f/--filename; its column names)"
 )
-PARSER.add_argument(
-    "--gpus",
-    metavar="0,1",
-    help="CUDA indexes to watch, nvidia-smi's --id (default: all visible)",
-)
-PARSER.add_argument(
-    "--window", type=float, default=300.0, metavar="SECONDS", help="history kept and drawn"
-)
+PARSER.add_argument("--gpus", metavar="0,1", help="CUDA indexes to watch, nvidia-smi's --id (default: all visible)")
+PARSER.add_argument("--window", type=float, default=300.0, metavar="SECONDS", help="history kept and drawn")
 output_option(PARSER, "start returns the Watcher; status and stop return theirs anyway")
 PARSER.add_argument(
-    "--price",
-    metavar="DOLLARS_PER_HOUR",
+    "--price", metavar="DOLLARS_PER_HOUR",
     help="what the instance costs per hour: a cost_usd on every cell, the total and the idle "
     "share; with --prometheus, dollars per GPU-hour, times the job's GPUs",
 )
 PARSER.add_argument(
-    "--idle-alert",
-    metavar="DURATION",
+    "--idle-alert", metavar="DURATION",
     help="alert when every GPU has been idle this long (30m, 2h, 90 = seconds) while this "
     "kernel holds GPU memory; without a GPU, while no cell runs",
 )
 PARSER.add_argument(
-    "--prometheus",
-    metavar="URL",
+    "--prometheus", metavar="URL",
     help="watch a job's GPUs on every node: the DCGM exporter series this Prometheus holds "
     "(http://prometheus:9090)",
 )
 PARSER.add_argument(
-    "--selector",
-    metavar="LABELS",
+    "--selector", metavar="LABELS",
     help='with --prometheus, PromQL label matchers picking the job\'s GPUs: Hostname=~"node-[0-3]"',
 )
 PARSER.add_argument(
-    "--serve",
-    metavar="[HOST:]PORT",
+    "--serve", metavar="[HOST:]PORT",
     help="also serve this kernel's samples for Prometheus at http://HOST:PORT/metrics (DCGM "
     "names for GPU series; HOST defaults to 127.0.0.1, 0.0.0.0 lets other machines scrape)",
 )
