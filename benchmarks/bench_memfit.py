@@ -70,17 +70,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from gpumagic.cell import execute
+    from gpumagic.cell import PythonCompiler, execute, prepare
     from gpumagic.memory.fit.dry_run import dry_run
-    from gpumagic.memory.fit.source import prepare_source
 
     torch.set_num_threads(1)
-    prepared = prepare_source(CELL)
+    prepared = prepare(PythonCompiler(), CELL, None, instrument=True)
     ns = namespace(args.batch)
-
-    class Shell:
-        def __init__(self, user_ns: dict[str, Any]) -> None:
-            self.user_ns = self.user_global_ns = user_ns
 
     class Probe:
         def enter(self, index: int) -> None:
@@ -91,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         assert run.error is None, run.error
 
     def real() -> None:
-        execute(Shell(ns), prepared, Probe())  # the step itself: it trains the model, as a real cell does
+        execute(ns, prepared, Probe())  # the step itself: it trains the model, as a real cell does
 
     fake()  # first-call costs (imports, fake kernels' caches) outside the timings
     real()

@@ -38,7 +38,7 @@ import torch
 
 from gpumagic.monitor import Watcher, watch
 from gpumagic.monitor.ring import capacity_for
-from gpumagic.render.watch_status import live_html
+from gpumagic.render.watch_views import live_html
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ratios import describe, verdict  # the benchmarks' shared helper, beside this file

@@ -1,6 +1,9 @@
 """The shared cell runner: every cell magic of the package runs its cell through here.
 
-What it guarantees, so that a cell behaves exactly as it would without the magic:
+It takes a namespace and a :class:`Compiler`, never a shell: a magic passes what its shell
+gives (:class:`ShellCompiler`: IPython's transforms, parser and compiler, the shell's
+namespace), a script passes plain Python's (:class:`PythonCompiler`, a dict). What it
+guarantees for a magic's cell, so that the cell behaves exactly as it would without the magic:
 
 * IPython syntax inside the cell works: the body goes through ``shell.transform_cell``
   (``!cmd``, ``%line`` magics) and the shell's AST transformers.
@@ -11,8 +14,18 @@ What it guarantees, so that a cell behaves exactly as it would without the magic
   usual (the magic is decorated with ``output_can_be_silenced``).
 * Variables land in ``shell.user_ns``; nothing of the runner's is left there: the probe
   hooks live in ``builtins`` under per-run names for the duration of the run only.
-* A syntax error is shown as IPython shows one for a plain cell (see
-  :func:`install_syntax_error_display`).
+* Errors stop the cell where they stop a plain cell, and are shown as IPython shows them
+  (see :func:`install_syntax_error_display`). IPython parses the whole cell, then compiles
+  and runs it one top-level statement at a time (``InteractiveShell.run_ast_nodes``): a
+  parse error (``print(3``) or an AST transformer's ``InputRejected`` stops the cell before
+  its first line; a statement that parses but does not compile (``return``, ``yield``,
+  ``break``, ``continue`` outside their blocks, ``nonlocal`` at top level) stops it when
+  it is reached, after the statements before it ran. So here too (see :func:`prepare`).
+  One difference remains: with IPython's ``autoawait`` a plain cell may ``await`` at top
+  level, as IPython runs the whole cell as a coroutine; a magic is called synchronously
+  (inside the kernel's running event loop), so its cell's ``await`` is the compile error
+  it is in plain Python and in a plain cell with ``%autoawait off``. IPython's own
+  ``%%time`` does the same.
 
 A measured run (``%%memtrace``, ``%%gpuprofile``): :func:`run_measured` takes the cell
 through one lifecycle, start, a probe before each statement, stop, finish, show (see
@@ -31,12 +44,16 @@ the statement that made it.
 """
 
 from __future__ import annotations
+import __future__
 
 import ast
 import builtins
+import functools
 import itertools
+import linecache
+import operator
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import CodeType, FrameType
 from typing import Any, Protocol, TypeVar
@@ -47,10 +64,13 @@ from gpumagic.tracebacks import as_the_cells, hidden_hook
 
 __all__ = [
     "SOURCE_LIMIT",
+    "Compiler",
     "MeasuredRun",
     "PreparedCell",
     "Presenter",
     "Probe",
+    "PythonCompiler",
+    "ShellCompiler",
     "Statement",
     "error_text",
     "execute",
@@ -80,6 +100,114 @@ class PreparedCell:
     body: list[CodeType]
     last_expr: CodeType | None  # the trailing expression, evaluated for Out[n]
     hook_names: dict[str, str] = field(default_factory=dict)  # role -> builtins name
+    # the error of the first statement that parsed but does not compile ('return' outside
+    # function): raised by execute when the cell reaches it, as IPython does. ``body``
+    # then ends with that statement's probe call, so a report charges the failure to it.
+    compile_error: Exception | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Compilers: what prepare asks of the place a cell comes from
+
+
+class Compiler(Protocol):
+    """The services :func:`prepare` needs to turn a cell's text into code: IPython's for a
+    magic's cell (:class:`ShellCompiler`), plain Python's for a script (:class:`PythonCompiler`)."""
+
+    @property
+    def interactivity(self) -> str:
+        """Which value the cell shows, as IPython's ``ast_node_interactivity`` says."""
+        ...
+
+    def transform_cell(self, cell: str) -> str:
+        """The cell's text as the parser reads it (IPython syntax rewritten)."""
+        ...
+
+    def transform_ast(self, tree: ast.Module) -> ast.Module:
+        """The parsed cell after the AST transformers."""
+        ...
+
+    def cache(self, shown: str, raw: str) -> str:
+        """Keep ``shown`` where tracebacks and debuggers read source (linecache); the name
+        to compile under. ``raw`` is what the user typed."""
+        ...
+
+    def parse(self, source: str, filename: str) -> ast.Module:
+        """``source`` parsed; ``SyntaxError`` as the place's own parser reports it."""
+        ...
+
+    def compile(self, node: ast.Module | ast.Expression, filename: str, mode: str) -> CodeType:
+        """``node`` compiled, under the ``__future__`` imports seen so far (and remembering
+        new ones, as IPython and ``codeop`` do)."""
+        ...
+
+
+class ShellCompiler:
+    """IPython's services, as a plain cell of ``shell`` gets them: its ``transform_cell``,
+    ``transform_ast``, ``ast_node_interactivity``, and its ``compile`` (the cell cached
+    under the "Cell In[n]" name, parsed and compiled under the shell's ``__future__``
+    flags). Duck-typed: nothing of IPython is imported here."""
+
+    def __init__(self, shell: Any) -> None:
+        self.shell = shell
+
+    @property
+    def interactivity(self) -> str:
+        return str(getattr(self.shell, "ast_node_interactivity", "last_expr"))
+
+    def transform_cell(self, cell: str) -> str:
+        return str(self.shell.transform_cell(cell))
+
+    def transform_ast(self, tree: ast.Module) -> ast.Module:
+        return self.shell.transform_ast(tree)
+
+    def cache(self, shown: str, raw: str) -> str:
+        return str(self.shell.compile.cache(shown, _cell_number(self.shell), raw_code=raw))
+
+    def parse(self, source: str, filename: str) -> ast.Module:
+        return self.shell.compile.ast_parse(source, filename=filename)
+
+    def compile(self, node: ast.Module | ast.Expression, filename: str, mode: str) -> CodeType:
+        return self.shell.compile(node, filename, mode)
+
+
+_FUTURE_FLAGS = functools.reduce(
+    operator.or_, (getattr(__future__, name).compiler_flag for name in __future__.all_feature_names)
+)
+
+
+class PythonCompiler:
+    """Plain Python's services, for a cell given as a script's string: no IPython syntax, no
+    AST transformers, the trailing expression's value returned. Code is compiled with none
+    of the caller's ``__future__`` flags and remembers the cell's own (``codeop.Compile``'s
+    rule: the statements are compiled one by one). The source is kept in linecache under
+    ``<name-N>``, so tracebacks show its lines."""
+
+    interactivity = "last_expr"
+    _numbers = itertools.count(1)
+
+    def __init__(self, name: str = "cell") -> None:
+        self.name = name
+        self.flags = 0  # the __future__ features the cell imported so far
+
+    def transform_cell(self, cell: str) -> str:
+        return cell
+
+    def transform_ast(self, tree: ast.Module) -> ast.Module:
+        return tree
+
+    def cache(self, shown: str, raw: str) -> str:
+        filename = f"<{self.name}-{next(self._numbers)}>"
+        linecache.cache[filename] = (len(shown), None, shown.splitlines(keepends=True), filename)
+        return filename
+
+    def parse(self, source: str, filename: str) -> ast.Module:
+        return compile(source, filename, "exec", self.flags | ast.PyCF_ONLY_AST, dont_inherit=True)
+
+    def compile(self, node: ast.Module | ast.Expression, filename: str, mode: str) -> CodeType:
+        code = compile(node, filename, mode, self.flags, dont_inherit=True)
+        self.flags |= code.co_flags & _FUTURE_FLAGS
+        return code
 
 
 # ---------------------------------------------------------------------------------------------
@@ -130,13 +258,27 @@ def install_syntax_error_display(shell: Any) -> Callable[[], None]:
 # Preparing a cell
 
 
-def prepare(shell: Any, cell: str, header: str | None, *, instrument: bool = False) -> PreparedCell:
+def prepare(
+    compiler: Compiler,
+    cell: str,
+    header: str | None,
+    *,
+    instrument: bool = False,
+    raise_compile_errors: bool = False,
+) -> PreparedCell:
     """Transform, parse and compile ``cell``, with a probe hook before each statement if
     ``instrument``. ``header`` is the magic's own first line (without its newline) for a
-    cell magic, whose body then starts at line 2; ``None`` for a line magic's statement,
-    which is line 1. Raises ``SyntaxError`` pointing at the cell's own lines."""
+    cell magic, whose body then starts at line 2; ``None`` for a line magic's statement or
+    a script, which is line 1.
+
+    A parse error raises ``SyntaxError`` here, pointing at the cell's own lines: nothing of
+    the cell runs, as for a plain cell. A statement that parses but does not compile is
+    kept for :func:`execute` to raise when the cell reaches it (``PreparedCell.compile_error``),
+    as IPython does; ``raise_compile_errors`` raises it here instead (a dry run, which
+    only predicts, has nothing to gain from running the statements before it).
+    """
     __tracebackhide__ = True
-    transformed = shell.transform_cell(cell)
+    transformed = compiler.transform_cell(cell)
     prefix = "" if header is None else header + "\n"
     raw_source = prefix + cell
     raw_lines = source_lines(cell)
@@ -145,18 +287,17 @@ def prepare(shell: Any, cell: str, header: str | None, *, instrument: bool = Fal
     # when the transform kept one line per line (it does for magics and !commands), else
     # the transformed text so that line numbers stay right.
     same_lines = len(raw_lines) == len(code_lines)
-    shown = raw_source if same_lines else prefix + transformed
-    filename = shell.compile.cache(shown, _cell_number(shell), raw_code=raw_source)
+    filename = compiler.cache(raw_source if same_lines else prefix + transformed, raw_source)
     try:
         # A blank first line for the magic's own line: every node then carries the
         # line number the notebook shows.
-        # The shell's own parser: same flags (and __future__ imports of earlier cells), so
-        # a syntax error reads exactly as it would in a plain cell.
-        tree = shell.compile.ast_parse("\n" * prefix.count("\n") + transformed, filename=filename)
+        # The compiler's own parser: for a shell, the same flags (and __future__ imports of
+        # earlier cells), so a syntax error reads exactly as it would in a plain cell.
+        tree = compiler.parse("\n" * prefix.count("\n") + transformed, filename)
     except SyntaxError as err:
         setattr(err, _SYNTAX_MARK, True)
         raise
-    tree = shell.transform_ast(tree)
+    tree = compiler.transform_ast(tree)
 
     statements: list[Statement] = []
     hook_names: dict[str, str] = {}
@@ -169,28 +310,47 @@ def prepare(shell: Any, cell: str, header: str | None, *, instrument: bool = Fal
         tree.body = instrumenter.block(tree.body, depth=0)
 
     body_nodes = list(tree.body)
-    last_expr_node = _split_result(
-        body_nodes, getattr(shell, "ast_node_interactivity", "last_expr")
+    last_expr_node = _split_result(body_nodes, compiler.interactivity)
+    body, last, error = _compile_units(
+        compiler, filename, units(body_nodes, hook_names.get("enter")), last_expr_node
     )
+    if error is not None and raise_compile_errors:
+        raise error
+    return PreparedCell(filename, statements, body, last, hook_names, error)
+
+
+def _compile_units(
+    compiler: Compiler,
+    filename: str,
+    unit_nodes: Iterable[list[ast.stmt]],
+    last_expr: ast.expr | None,
+) -> tuple[list[CodeType], CodeType | None, Exception | None]:
+    """The code of each top-level statement (with its probe call), compiled one at a time as
+    IPython's ``run_ast_nodes`` compiles a plain cell: a docstring before ``from __future__
+    import ...``, or ``global x`` after ``x = 1``, compile alone but not as one module. The
+    first that does not compile ends the list with its probe calls alone, and its error is
+    returned (marked, to be shown as IPython shows a syntax error) instead of raised."""
+    body: list[CodeType] = []
+    unit: list[ast.stmt] = []
     try:
-        # The shell's compiler, as for a plain cell: it applies and remembers __future__
-        # flags. One top-level statement at a time, as IPython's run_ast_nodes compiles a
-        # plain cell: a docstring before "from __future__ import ...", or "global x" after
-        # "x = 1", compile alone but not as one module. (All are compiled before any runs,
-        # so a syntax error still stops the cell before its first line.)
-        body = [
-            shell.compile(ast.Module(body=unit, type_ignores=[]), filename, "exec")
-            for unit in units(body_nodes, hook_names.get("enter"))
-        ]
+        for unit in unit_nodes:
+            body.append(compiler.compile(ast.Module(body=unit, type_ignores=[]), filename, "exec"))
+        unit = []
         last = (
-            shell.compile(ast.Expression(body=last_expr_node), filename, "eval")
-            if last_expr_node is not None
+            compiler.compile(ast.Expression(body=last_expr), filename, "eval")
+            if last_expr is not None
             else None
         )
-    except SyntaxError as err:  # e.g. 'return' outside function: found at compile time
-        setattr(err, _SYNTAX_MARK, True)
-        raise
-    return PreparedCell(filename, statements, body, last, hook_names)
+    # IPython catches anything here (a bad AST from a transformer fails with TypeError);
+    # only a SyntaxError gets the plain cell's display
+    except Exception as err:
+        if isinstance(err, SyntaxError):
+            setattr(err, _SYNTAX_MARK, True)
+        probes = unit[:-1]  # the probe calls before the statement: see instrument.units
+        if probes:
+            body.append(compiler.compile(ast.Module(body=probes, type_ignores=[]), filename, "exec"))
+        return body, None, err.with_traceback(None)
+    return body, last, None
 
 
 def _split_result(body: list[ast.stmt], interactivity: str) -> ast.expr | None:
@@ -257,11 +417,20 @@ def _loop_hook(enter: Callable[[int], None]) -> Callable[[int, Iterable[Any]], I
     return loop
 
 
-def execute(shell: Any, prepared: PreparedCell, probe: Probe | None = None) -> Any:
-    """Run ``prepared`` in the shell's namespace; return the trailing expression's value.
+def execute(
+    namespace: dict[str, Any],
+    prepared: PreparedCell,
+    probe: Probe | None = None,
+    *,
+    local_ns: Mapping[str, Any] | None = None,
+) -> Any:
+    """Run ``prepared`` with ``namespace`` as its globals (and ``local_ns`` as its locals,
+    when they differ, as in an embedded shell: IPython's ``user_global_ns`` and
+    ``user_ns``); return the trailing expression's value.
 
     Exceptions from the cell propagate unchanged (the caller shows its partial report,
-    then re-raises). The probe hooks exist in ``builtins`` only while the cell runs.
+    then re-raises), and so does a statement's compile error once the statements before it
+    ran. The probe hooks exist in ``builtins`` only while the cell runs.
     """
     __tracebackhide__ = True
     installed: list[str] = []
@@ -273,9 +442,12 @@ def execute(shell: Any, prepared: PreparedCell, probe: Probe | None = None) -> A
             for role, name in prepared.hook_names.items():
                 installed.append(name)  # first: the finally removes it whatever comes next
                 setattr(builtins, name, hooks[role])
-        glob, loc = shell.user_global_ns, shell.user_ns
+        glob, loc = namespace, namespace if local_ns is None else local_ns
         for code in prepared.body:
             exec(code, glob, loc)
+        if prepared.compile_error is not None:
+            # a fresh traceback each time: a cell may run more than once (--repeat)
+            raise prepared.compile_error.with_traceback(None)
         if prepared.last_expr is not None:
             return eval(prepared.last_expr, glob, loc)
         return None
@@ -332,10 +504,15 @@ class Presenter(Protocol[R_contra]):
 
 
 def run_measured(
-    shell: Any, prepared: PreparedCell, run: MeasuredRun[R], presenter: Presenter[R]
+    namespace: dict[str, Any],
+    prepared: PreparedCell,
+    run: MeasuredRun[R],
+    presenter: Presenter[R],
+    *,
+    local_ns: Mapping[str, Any] | None = None,
 ) -> Any:
-    """Run ``prepared`` under ``run``, show the result with ``presenter``, return the cell's
-    value (see :func:`execute`).
+    """Run ``prepared`` in ``namespace`` (and ``local_ns``) under ``run``, show the result
+    with ``presenter``, return the cell's value (see :func:`execute`).
 
     * Every acquisition (``run.start``, ``presenter.start``) happens inside the region whose
       ``finally`` releases it (``run.stop``, ``run.close``, ``presenter.show``): an
@@ -364,7 +541,7 @@ def run_measured(
                     presenter.start()
                     ran = True
                     with held.let_through():
-                        value = execute(shell, prepared, probe)
+                        value = execute(namespace, prepared, probe, local_ns=local_ns)
                 finally:
                     run.stop()
             except BaseException as exc:  # the cell's, or an interrupt of the run's start
@@ -394,10 +571,13 @@ def run_measured(
 
 def error_text(exc: BaseException, limit: int = 300) -> str:
     """``"ValueError: first line of its message"`` for a report. Never raises: a user's
-    exception whose ``__str__`` raises (or returns a non-string) is named by its type."""
+    exception whose ``__str__`` raises (or returns a non-string) is named by its type. A
+    syntax error gives its message alone, as IPython shows it: its ``str()`` adds the
+    cell's internal file name, and the report names the line already."""
     name = type(exc).__name__
     try:
-        text = str(exc).strip()
+        msg = exc.msg if isinstance(exc, SyntaxError) else None
+        text = (msg if isinstance(msg, str) and msg else str(exc)).strip()
     except Exception:
         return name
     first = text.splitlines()[0] if text else ""

@@ -129,11 +129,94 @@ def test_a_cell_ipython_runs_runs_under_the_magic(ip, run, magic, case):
     assert ip.user_ns["result"] == expected
 
 
-def test_a_syntax_error_still_stops_the_cell_before_its_first_line(ip, run):
+# IPython parses the whole cell, then compiles and runs one top-level statement at a time
+# (InteractiveShell.run_ast_nodes): a parse error stops the cell before its first line, a
+# statement that parses but does not compile stops it when reached (issue 25, item 16)
+
+
+@pytest.mark.parametrize("magic", MAGICS)
+def test_a_parse_error_stops_the_cell_before_its_first_line(ip, run, magic):
     ip.user_ns.pop("ran", None)
-    r = run("%%memtrace -q\nran = True\nreturn 5\n")
+    assert "ran" not in ip.user_ns and not run("ran = True\nprint(3\n").result.success
+    r = run(f"{magic}\nran = True\nprint(3\n")
     assert isinstance(r.result.error_in_exec, SyntaxError)
     assert "ran" not in ip.user_ns
+
+
+UNCOMPILABLE = {
+    "return": "return 5\nx_after = 2\n",
+    "yield": "yield 5\nx_after = 2\n",
+    "yield as the cell's value": "(yield)\n",
+    "break": "break\nx_after = 2\n",
+    "continue": "continue\nx_after = 2\n",
+    "return in a loop's body": "for i in range(2):\n    x_after = i\n    return i\n",
+    "nonlocal at top level": "nonlocal q\nx_after = 2\n",
+}
+_SET = ("x_ret", "x_list", "x_after")
+
+
+def _plain_and_magic(ip, run, magic: str, body: str):
+    """The cell run plain, then under ``magic``: (names set, error, its text as shown) each."""
+    outcomes = []
+    for cell in (body, f"{magic}\n{body}"):
+        for name in _SET:
+            ip.user_ns.pop(name, None)
+        r = run(cell)
+        error = r.result.error_before_exec or r.result.error_in_exec
+        shown = r.plain_stdout.strip()
+        outcomes.append(({n: ip.user_ns[n] for n in _SET if n in ip.user_ns}, error, shown))
+    return outcomes
+
+
+def _assert_same_stop(plain, magic) -> None:
+    """The same names set, the same error shown, one line further down under the magic (its
+    own line is line 1)."""
+    (plain_ns, plain_error, plain_shown), (ns, error, shown) = plain, magic
+    assert ns == plain_ns == {"x_ret": 1, "x_list": [1]}, shown
+    assert type(error) is type(plain_error) is SyntaxError
+    assert (error.msg, error.lineno) == (plain_error.msg, plain_error.lineno + 1)
+    where = re.compile(r"Cell In\[\d+\], line (\d+)")
+    assert int(where.search(shown).group(1)) == int(where.search(plain_shown).group(1)) + 1
+    assert where.sub("", shown) == where.sub("", plain_shown)  # the rest of the display alike
+
+
+@pytest.mark.parametrize("case", list(UNCOMPILABLE))
+@pytest.mark.parametrize("magic", MAGICS)
+def test_a_statement_that_does_not_compile_stops_the_cell_where_a_plain_cell_stops(ip, run, magic, case):
+    body = "x_ret = 1\nx_list = [x_ret]\n" + UNCOMPILABLE[case]
+    _assert_same_stop(*_plain_and_magic(ip, run, magic, body))
+
+
+def test_the_report_charges_a_compile_error_to_its_statement(ip, run):
+    r = run("%%memtrace\nx_ret = 1\nreturn 5\n")
+    assert isinstance(r.result.error_in_exec, SyntaxError)
+    t = ip.user_ns["_memtrace"]
+    assert t.statements[t.error_index].source == "return 5"
+    assert t.error == "SyntaxError: 'return' outside function"  # no internal file name
+
+
+@pytest.mark.parametrize("magic", MAGICS)
+def test_a_top_level_await_with_autoawait_off_stops_where_a_plain_cell_stops(ip, run, magic):
+    was = ip.autoawait
+    ip.autoawait = False
+    try:
+        body = "import asyncio\nx_ret = 1\nx_list = [x_ret]\nawait asyncio.sleep(0)\nx_after = 2\n"
+        _assert_same_stop(*_plain_and_magic(ip, run, magic, body))
+    finally:
+        ip.autoawait = was
+
+
+@pytest.mark.parametrize("magic", MAGICS)
+def test_a_top_level_await_under_a_magic_is_the_plain_pythons_compile_error(ip, run, magic):
+    # with autoawait (IPython's default) a plain cell runs as a coroutine; a magic is called
+    # synchronously, so its cell meets the await as plain Python does: after the lines before
+    assert ip.autoawait
+    body = "import asyncio\nx_ret = 1\nx_list = [x_ret]\nawait asyncio.sleep(0)\nx_after = 2\n"
+    (plain_ns, plain_error, _), (ns, error, shown) = _plain_and_magic(ip, run, magic, body)
+    assert plain_error is None and plain_ns == {"x_ret": 1, "x_list": [1], "x_after": 2}
+    assert ns == {"x_ret": 1, "x_list": [1]}
+    assert isinstance(error, SyntaxError) and error.msg == "'await' outside function"
+    assert re.search(r"Cell In\[\d+\], line 5", shown), shown
 
 
 # -- tracebacks: the cell's frames, as a plain cell shows them ------------------------------------

@@ -354,12 +354,12 @@ class _Shown:
 
 
 def _measured(ip, cell: str, at: str):
-    from gpumagic.cell import prepare, run_measured
+    from gpumagic.cell import ShellCompiler, prepare, run_measured
 
-    prepared = prepare(ip, cell, "%%test", instrument=False)
+    prepared = prepare(ShellCompiler(ip), cell, "%%test", instrument=False)
     measured, shown = _Run(at), _Shown()
     try:
-        value = run_measured(ip, prepared, measured, shown)
+        value = run_measured(ip.user_ns, prepared, measured, shown)
         error = None
     except KeyboardInterrupt as exc:
         value, error = None, exc
@@ -388,17 +388,17 @@ def test_a_sigint_while_the_run_starts_interrupts_the_cell_before_its_first_line
 
 
 def test_a_sigint_while_a_failed_cell_ends_leaves_the_cells_error(ip):
-    from gpumagic.cell import prepare, run_measured
+    from gpumagic.cell import ShellCompiler, prepare, run_measured
 
-    prepared = prepare(ip, "1 / 0\n", "%%test", instrument=False)
+    prepared = prepare(ShellCompiler(ip), "1 / 0\n", "%%test", instrument=False)
     measured = _Run("finish")
     with pytest.raises(ZeroDivisionError):
-        run_measured(ip, prepared, measured, _Shown())
+        run_measured(ip.user_ns, prepared, measured, _Shown())
     assert measured.calls[-1] == "close"
 
 
 def test_interruptible_lets_a_sigint_stop_the_finishing(ip):
-    from gpumagic.cell import prepare, run_measured
+    from gpumagic.cell import ShellCompiler, prepare, run_measured
     from gpumagic.interrupts import interruptible
 
     class Analysing(_Run):
@@ -409,10 +409,10 @@ def test_interruptible_lets_a_sigint_stop_the_finishing(ip):
                 self.calls.append("analysis went on")
             return {"error": error}
 
-    prepared = prepare(ip, "x = 1\n", "%%test", instrument=False)
+    prepared = prepare(ShellCompiler(ip), "x = 1\n", "%%test", instrument=False)
     measured, shown = Analysing(""), _Shown()
     with pytest.raises(KeyboardInterrupt):
-        run_measured(ip, prepared, measured, shown)
+        run_measured(ip.user_ns, prepared, measured, shown)
     assert "analysis went on" not in measured.calls
     assert measured.calls[-1] == "close" and shown.shown == [None]
 

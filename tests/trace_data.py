@@ -72,6 +72,10 @@ REGISTRY: dict[str, tuple[str, str]] = {
         "74786104b3c45f02b805a5c346a8202c3ecc318a566a65e0b47c56d706374f80",
         _HTA + "mtia_trace_single_rank/mtia_rank_0.json.gz",
     ),
+    "mtia_inference.json.gz": (
+        "ed1b118e53f23f3a3a055dec52f6cc45eaf32c6354e8693335cfca608cff84f5",
+        _HTA + "mtia_inference_trace/mtia_inference_rank_0.json.gz",
+    ),
     "mi250_rocm_minitoy.json.gz": (
         "39fdab670f9e80a05ccc6d0d07611b3aeba1092fa10681d8dd08cea48d0488b5",
         _HTA + "amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz",

@@ -60,7 +60,7 @@ class MemfitMagics(Magics):
         ``.what_if`` (DataFrame), ``.notes``.
         """
         __tracebackhide__ = True
-        from gpumagic.cell import prepare
+        from gpumagic.cell import ShellCompiler, prepare
         from gpumagic.memory.fit.api import predict, resolve_target
 
         opts = PARSER.parse_line(line)
@@ -77,7 +77,12 @@ class MemfitMagics(Magics):
 
             if not torch.cuda.is_available():
                 raise PARSER.usage_error("--batch needs --gpu NAME or --memory SIZE (no GPU here)")
-        prepared = prepare(shell, cell, f"%%memfit {line}".rstrip(), instrument=True)
+        # a statement that does not compile stops the magic before any dry run, shown as
+        # IPython shows it: the dry run never sets the user's names, so there is nothing of a
+        # plain cell's "the statements before it ran" to reproduce
+        prepared = prepare(
+            ShellCompiler(shell), cell, f"%%memfit {line}".rstrip(), instrument=True, raise_compile_errors=True
+        )
         with _kept_off_screen() as shown:
             fit = predict(prepared, shell.user_ns, replace(fit_opts, hidden=frozenset(shell.user_ns_hidden)))
         if shown:

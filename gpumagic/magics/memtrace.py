@@ -62,7 +62,7 @@ class MemtraceMagics(Magics):
         ``Out[]`` shows it once.
         """
         __tracebackhide__ = True
-        from gpumagic.cell import prepare, run_measured
+        from gpumagic.cell import ShellCompiler, prepare, run_measured
         from gpumagic.memory.device import DeviceError
         from gpumagic.memory.run import MemtraceRun
         from gpumagic.render.live import LiveResult, LiveView
@@ -73,7 +73,7 @@ class MemtraceMagics(Magics):
             return None
         opts, source, header = parsed
         shell: Any = self.shell
-        prepared = prepare(shell, source, header, instrument=True)
+        prepared = prepare(ShellCompiler(shell), source, header, instrument=True)
         try:
             run = MemtraceRun(
                 prepared.statements,
@@ -98,7 +98,9 @@ class MemtraceMagics(Magics):
             # -o: the result is the magic's value, shown once as Out[] (`t = ...` keeps it)
             return None if opts.quiet or returns_result(opts) else result
 
-        value = run_measured(shell, prepared, run, LiveResult(view, present))
+        value = run_measured(
+            shell.user_global_ns, prepared, run, LiveResult(view, present), local_ns=shell.user_ns
+        )
         return kept.get("result") if returns_result(opts) else value
 
 

@@ -152,12 +152,12 @@ class ProfileMagics(Magics):
     # -- %%gpuprofile ---------------------------------------------------------------------------
     def _profile(self, opts: Any, cell: str, line: str) -> Any:
         __tracebackhide__ = True
-        from gpumagic.cell import prepare
+        from gpumagic.cell import ShellCompiler, prepare
         from gpumagic.profile.record.repeat import Repeats
 
         shell: Any = self.shell
         prepared = prepare(
-            shell, cell, f"%%gpuprofile {line}".rstrip(), instrument=not opts.no_attribution
+            ShellCompiler(shell), cell, f"%%gpuprofile {line}".rstrip(), instrument=not opts.no_attribution
         )
         # the temporary trace file's name says nothing: a cell is known by its In[n]
         number = running_cell_number(shell)
@@ -212,7 +212,10 @@ class ProfileMagics(Magics):
                 kept.append(done.result)
             return None if opts.quiet else _shown(done, opts)
 
-        value = run_measured(self.shell, prepared, run, LiveResult(view, present))
+        shell: Any = self.shell
+        value = run_measured(
+            shell.user_global_ns, prepared, run, LiveResult(view, present), local_ns=shell.user_ns
+        )
         # -o: the result is the magic's value (Out[] shows it with --rows rows)
         return kept[0] if last and returns_result(opts) and kept else value
 

@@ -71,13 +71,10 @@ def _stop_running_watcher() -> None:
     took when this cleanup imported it at load time); a watcher can only be running once
     its module has been imported, so an absent module means there is nothing to stop.
     """
-    # monitor.start knows both kinds (this kernel's watcher and a job's through Prometheus)
-    for name in ("gpumagic.monitor.start", "gpumagic.monitor.watcher"):
-        module = sys.modules.get(name)
-        if module is not None:
-            module.stop_current()
-            break
-    exporter = sys.modules.get("gpumagic.monitor.exporter")
+    watcher = sys.modules.get("gpumagic.monitor.watcher")  # the one registry, whatever it reads
+    if watcher is not None:
+        watcher.stop_current()
+    exporter = sys.modules.get("gpumagic.monitor.exporter.server")
     if exporter is not None:
         exporter.stop_serving()
 
@@ -154,9 +151,9 @@ class WatchMagics(Magics):
     def _start(self, opts: Any) -> Any:
         from IPython.display import display
 
-        from gpumagic.monitor import JobWatcher, current, serve_metrics, watch
+        from gpumagic.monitor import current, serve_metrics, watch
         from gpumagic.render.live import detect_mode
-        from gpumagic.render.watch_live import start_live_view, started_note
+        from gpumagic.render.watch_live import start_view, started_note
 
         if opts.serve and opts.prometheus:
             raise PARSER.usage_error(
@@ -187,18 +184,10 @@ class WatchMagics(Magics):
             self.shell.user_ns["_gpuwatch"] = previous.result()  # type: ignore[union-attr]
         # Above the live chart: what happened to an earlier watch; in a terminal, where no
         # chart shows, that this one started.
-        live = detect_mode() != "off"
-        if isinstance(watcher, JobWatcher):
-            from gpumagic.render.job_live import start_job_view
-
-            if not live:
-                display(Note(f"%gpuwatch started: the job's GPUs through {watcher.url}", "watch-note"))
-            start_job_view(watcher)
-            return watcher if returns_result(opts) else None
-        note = started_note(watcher, previous if not isinstance(previous, JobWatcher) else None, live)
+        note = started_note(watcher, previous, detect_mode() != "off")
         if note is not None:
             display(note)
-        start_live_view(watcher)
+        start_view(watcher)
         if serve is not None:
             try:
                 server = serve_metrics(serve[1], serve[0], watcher)

@@ -1,4 +1,5 @@
-"""``%gpuwatch`` core (``gpumagic.watch(...)`` is :func:`watch` here): sample GPUs (NVML) or the host (psutil) in a background thread.
+"""``%gpuwatch`` and ``%gpuselect`` core (``gpumagic.watch(...)`` is :func:`watch` here):
+one watcher that samples its sources in a background thread.
 
 Script use::
 
@@ -6,45 +7,46 @@ Script use::
     ...                       # train
     result = w.stop()         # result.samples, result.cells, result.log
 
-No NVIDIA driver or GPU: the same calls sample host CPU and RAM, and ``reason`` says why
-there is no GPU panel. Only one watcher runs per process; starting another replaces it.
+The sources are this machine's GPUs (NVML) and host (psutil); with no NVIDIA driver or GPU
+the same calls sample host CPU and RAM, and ``reason`` says why there is no GPU panel. Only
+one watcher runs per process; starting another replaces it.
 
 A job on many nodes: ``gpumagic.watch(prometheus="http://prometheus:9090",
-selector='job="dcgm"')`` reads every GPU's DCGM series through Prometheus
-(:mod:`gpumagic.monitor.job`); ``gpumagic.serve_metrics(port)`` serves this kernel's samples
-for Prometheus to scrape (:mod:`gpumagic.monitor.exporter`).
+selector='job="dcgm"')`` reads every GPU's DCGM series through Prometheus, a source of its
+own (:mod:`gpumagic.monitor.job`); ``gpumagic.serve_metrics(port)`` serves this kernel's
+samples for Prometheus to scrape (:mod:`gpumagic.monitor.exporter`).
+
+The rooms, from the top: ``exporter`` (serve_metrics) over ``start`` (``watch()``) over
+``watcher`` (the lifecycle, the current watcher) over ``result`` over the sources
+(``nvml_source``, ``host``, ``job``) over the data they share (``source``, ``snapshot``,
+``machine``, ``frames``, ``csvlog``, ``cells``, ``cost``, ``alerts``, ``ring``, ``metrics``,
+``devices``, ``nvml``, ``processes``); ``choose`` (``%gpuselect``) stands beside them.
 """
 
 from __future__ import annotations
 
-from gpumagic.monitor.alerts import Alert
-from gpumagic.monitor.devices import WatchedDevice
-from gpumagic.monitor.exporter import MetricsServer, serve_metrics
-from gpumagic.monitor.job import JobWatcher
-from gpumagic.monitor.job_result import JobResult, JobStatus
-from gpumagic.monitor.prometheus import PrometheusError
-from gpumagic.monitor.result import WatchResult, WatchStatus
-from gpumagic.monitor.start import current, stop_current, watch
-from gpumagic.monitor.watcher import Watcher
+from gpumagic._lazy import lazy_exports
 
-# The name this class had before memory's traced device got a class of its own: kept so that
-# code written against it keeps working.
-Device = WatchedDevice
+_LAZY = {
+    "Alert": ("gpumagic.monitor.alerts", "Alert"),
+    "WatchedDevice": ("gpumagic.monitor.devices", "WatchedDevice"),
+    # The name this class had before memory's traced device got a class of its own (README)
+    "Device": ("gpumagic.monitor.devices", "WatchedDevice"),
+    "MetricsServer": ("gpumagic.monitor.exporter.server", "MetricsServer"),
+    "serve_metrics": ("gpumagic.monitor.exporter.server", "serve_metrics"),
+    "PrometheusError": ("gpumagic.monitor.job.prometheus", "PrometheusError"),
+    "PrometheusSource": ("gpumagic.monitor.job.source", "PrometheusSource"),
+    "WatchResult": ("gpumagic.monitor.result", "WatchResult"),
+    "WatchStatus": ("gpumagic.monitor.result", "WatchStatus"),
+    "Source": ("gpumagic.monitor.source", "Source"),
+    "SourceBase": ("gpumagic.monitor.source", "SourceBase"),
+    "watch": ("gpumagic.monitor.start", "watch"),
+    "Watcher": ("gpumagic.monitor.watcher", "Watcher"),
+    "current": ("gpumagic.monitor.watcher", "current"),
+    "machine_sources": ("gpumagic.monitor.watcher", "machine_sources"),
+    "stop_current": ("gpumagic.monitor.watcher", "stop_current"),
+}
 
-__all__ = [
-    "Alert",
-    "Device",
-    "JobResult",
-    "JobStatus",
-    "JobWatcher",
-    "MetricsServer",
-    "PrometheusError",
-    "WatchResult",
-    "WatchStatus",
-    "WatchedDevice",
-    "Watcher",
-    "current",
-    "serve_metrics",
-    "stop_current",
-    "watch",
-]
+__all__ = list(_LAZY)
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())

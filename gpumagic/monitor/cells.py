@@ -14,6 +14,7 @@ import math
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,7 +54,7 @@ class CellRecord:
     end: float | None = None
     success: bool | None = None
     samples: int = 0
-    # utilization.gpu, %: of the GPUs this process uses (utilization_rows), else the busiest
+    # utilization.gpu, %: of the GPUs this process uses (utilization_devices), else the busiest
     peak_utilization: float = math.nan
     sum_utilization: float = 0.0
     n_utilization: int = 0
@@ -62,9 +63,10 @@ class CellRecord:
     peak_host_cpu: float = math.nan
     peak_host_memory: float = math.nan
     holds_gpu_memory: bool | None = None  # whether this process held GPU memory (None: unknown)
-    utilization_rows: tuple[int, ...] = ()  # GPU rows this process used: its utilisation's source
+    # The GPUs this process used (WatchedDevice.key, in row order): its utilisation's source
+    utilization_devices: tuple[str, ...] = ()
     # Energy of the watched GPUs while the cell ran, mJ (NaN: no counter). Issue 12; filled by
-    # the cost meter through CellMarks.add_energy, not by fold().
+    # the cost meter through CellMarks.add_energy, not by a source's fold.
     energy_mj: float = math.nan
 
     @property
@@ -80,42 +82,37 @@ class CellRecord:
         end = self.end if self.end is not None else (time.time() if now is None else now)
         return max(0.0, end - self.start)
 
-    def fold(
-        self,
-        block: np.ndarray,
-        gpu_rows: list[int],
-        host_row: int | None,
-        own_rows: list[int] | None = None,
-    ) -> None:
-        """Take one sample into this cell's peaks (sampler thread, under the marks' lock).
+    def fold_gpus(self, rows: np.ndarray, own: Sequence[int], keys: Sequence[str]) -> None:
+        """Take one sample of this machine's GPUs (``rows``: one per GPU, ``keys`` their
+        devices') into the cell's peaks (sampler thread, under the marks' lock).
 
-        ``own_rows``: the GPU rows this process uses in this sample. Utilisation is theirs
-        when there are any (on a shared box another user's job is not this cell's), the
-        busiest GPU's otherwise."""
-        self.samples += 1
-        if gpu_rows:
-            rows = own_rows or gpu_rows
-            if own_rows:
-                self.utilization_rows = tuple(sorted({*self.utilization_rows, *own_rows}))
-            util = block[rows, M.UTIL_GPU]
-            if not np.isnan(util).all():
-                busiest = float(np.nanmax(util))
-                self.peak_utilization = _nanmax(self.peak_utilization, busiest)
-                self.sum_utilization += busiest
-                self.n_utilization += 1
-            mem = block[gpu_rows, M.MEM_USED]
-            if not np.isnan(mem).all():
-                self.peak_memory = _nanmax(self.peak_memory, float(np.nanmax(mem)))
-            proc = block[gpu_rows, M.PROC_MEM]
-            if not np.isnan(proc).all():
-                total = float(np.nansum(proc))
-                self.peak_process_memory = _nanmax(self.peak_process_memory, total)
-                self.holds_gpu_memory = bool(self.holds_gpu_memory) or total > 0
-        if host_row is not None:
-            self.peak_host_cpu = _nanmax(self.peak_host_cpu, float(block[host_row, M.HOST_CPU]))
-            self.peak_host_memory = _nanmax(
-                self.peak_host_memory, float(block[host_row, M.HOST_MEM_USED])
-            )
+        ``own``: the rows this process uses in this sample. Utilisation is theirs when there
+        are any (on a shared box another user's job is not this cell's), the busiest GPU's
+        otherwise."""
+        if not len(rows):
+            return
+        if own:
+            used = {*self.utilization_devices, *(keys[r] for r in own)}
+            self.utilization_devices = tuple(k for k in keys if k in used)
+        util = rows[list(own) or slice(None), M.UTIL_GPU]
+        if not np.isnan(util).all():
+            busiest = float(np.nanmax(util))
+            self.peak_utilization = _nanmax(self.peak_utilization, busiest)
+            self.sum_utilization += busiest
+            self.n_utilization += 1
+        mem = rows[:, M.MEM_USED]
+        if not np.isnan(mem).all():
+            self.peak_memory = _nanmax(self.peak_memory, float(np.nanmax(mem)))
+        proc = rows[:, M.PROC_MEM]
+        if not np.isnan(proc).all():
+            total = float(np.nansum(proc))
+            self.peak_process_memory = _nanmax(self.peak_process_memory, total)
+            self.holds_gpu_memory = bool(self.holds_gpu_memory) or total > 0
+
+    def fold_host(self, row: np.ndarray) -> None:
+        """Take one sample of the host's row into the cell's peaks."""
+        self.peak_host_cpu = _nanmax(self.peak_host_cpu, float(row[M.HOST_CPU]))
+        self.peak_host_memory = _nanmax(self.peak_host_memory, float(row[M.HOST_MEM_USED]))
 
 
 class CellMarks:
@@ -228,15 +225,9 @@ class CellMarks:
                 record.end = end
             self._closing.clear()
 
-    def fold(
-        self,
-        t: float,
-        block: np.ndarray,
-        gpu_rows: list[int],
-        host_row: int | None,
-        own_rows: list[int] | None = None,
-    ) -> None:
-        """Sampler thread: add a sample to every open cell and to cells that just ended.
+    def fold(self, t: float, fold: Callable[[CellRecord], None]) -> None:
+        """Sampler thread: add a sample to every open cell and to cells that just ended;
+        ``fold(record)`` takes the sample's values in (each source folds its own rows).
 
         NVML's utilisation is an average over the last sampling period of the driver, so the
         first sample after a cell ends still describes the cell's last moments; it is the
@@ -245,9 +236,11 @@ class CellMarks:
         with self._lock:
             for record in self._open:
                 if t >= record.start:
-                    record.fold(block, gpu_rows, host_row, own_rows)
+                    record.samples += 1
+                    fold(record)
             for record in self._closing:
-                record.fold(block, gpu_rows, host_row, own_rows)
+                record.samples += 1
+                fold(record)
             self._closing.clear()
 
     def running(self) -> CellRecord | None:

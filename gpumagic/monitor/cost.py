@@ -1,5 +1,9 @@
 """What the watched time cost: dollars at a price per hour, energy per cell, and idle time.
 
+The meter is the watcher's; the sources tell it, sample by sample, what they know
+(:class:`Metered`: whether their GPUs sat idle, whether this kernel holds memory on them,
+what their energy counters moved), so the same arithmetic serves this machine and a job.
+
 A cloud GPU is billed by the hour whether it computes or not, so the one number worth
 knowing is how much of the bill went to GPUs doing nothing. Definitions, named here so the
 summary, the alert and the docs agree:
@@ -10,9 +14,12 @@ summary, the alert and the docs agree:
   describes the interval. A sample with a GPU's utilisation missing counts as unknown.
 - **idle** (host path, no NVIDIA GPU): no cell was running; the machine is waiting on the
   user. Time covered by cells is busy, whatever the CPU did.
-- **cost**: ``price`` dollars per hour times wall time, for the whole watch and per cell.
-- **energy**: NVML's total-energy counter (``nvmlDeviceGetTotalEnergyConsumption``, mJ since
-  the driver loaded; Volta and later) of every watched GPU, whoever used it. Each interval's
+- **cost**: ``price`` dollars per hour times wall time, for the whole watch and per cell;
+  for a job (``Layout.price_per_gpu``), dollars per GPU-hour times the GPUs watched. The
+  metered time runs from the start of the watch to its stop.
+- **energy**: what the sources' counters moved (NVML's total-energy counter,
+  ``nvmlDeviceGetTotalEnergyConsumption``, or DCGM's, mJ since the driver loaded), of every
+  watched GPU, whoever used it. Each interval's
   energy is spread over the cells that ran in it in proportion to their time in it (the
   power is taken as constant within one interval), so a cell shorter than the interval
   still gets its share, and the number survives the ring buffer dropping old samples.
@@ -24,13 +31,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from gpumagic.device_kinds import CUDA
-from gpumagic.monitor import metrics as M
 from gpumagic.monitor.alerts import Alert
 from gpumagic.monitor.cells import CellMarks
 from gpumagic.monitor.devices import WatchedDevice
@@ -43,31 +49,70 @@ IDLE_DEVICE = "instance"  # Alert.device of the idle alert: it is about the whol
 GPU_IDLE_MEANING = f"every watched GPU below {IDLE_UTIL_PCT:g}% utilisation"
 HOST_IDLE_MEANING = "no cell running (no GPU to read: idle means waiting on you)"
 
-_NOT_SUPPORTED = 3
-_FUNCTION_NOT_FOUND = 13
-_NO_PERMISSION = 4
+
+def gpus_idle(util: np.ndarray) -> bool | None:
+    """Whether GPUs with these utilisations (%) sit idle: every one below ``IDLE_UTIL_PCT``.
+    A busy GPU makes the sample busy even if another one's value is missing; otherwise a
+    missing value makes it unknown (None)."""
+    if np.isnan(util).any():
+        finite = util[~np.isnan(util)]
+        return False if len(finite) and finite.max() >= IDLE_UTIL_PCT else None
+    return bool(util.max() < IDLE_UTIL_PCT) if len(util) else None
+
+
+@dataclass(frozen=True)
+class Metered:
+    """What one source's sample tells the meter (the defaults: it tells nothing)."""
+
+    idle: bool | None = None  # its GPUs all idle (None: it cannot tell, or has no GPU)
+    holds_memory: bool = False  # this kernel holds memory on its GPUs
+    energy_mj: np.ndarray | None = None  # per row, mJ moved since its last sample; None: no counter
+
+
+def combine(
+    parts: Sequence[tuple[int, bool, Metered]],
+) -> tuple[bool | None, bool, np.ndarray | None]:
+    """(idle, holds memory, energy per row) of a sample from its sources' ``(rows, whether
+    they are GPUs, Metered)``: busy if any source's GPUs were busy, idle if all were idle
+    (sources without a GPU have no say); energy NaN where unknown."""
+    states = [m.idle for _, gpus, m in parts if gpus]
+    idle = False if False in states else (True if states and all(states) else None)
+    holds = any(m.holds_memory for _, _, m in parts)
+    if all(m.energy_mj is None for _, _, m in parts):
+        return idle, holds, None
+    energy = np.concatenate(
+        [m.energy_mj if m.energy_mj is not None else np.full(n, np.nan) for n, _, m in parts]
+    )
+    return idle, holds, energy
+
 
 @dataclass(frozen=True)
 class CostState:
     """A copy of the meter for a snapshot: what the summary and the status read."""
 
-    price: float | None  # $/h
-    metered_s: float  # wall seconds covered by samples (first sample to last)
+    price: float | None  # $/h, or $/GPU-hour where per_gpu
+    metered_s: float  # wall seconds from the start of the watch to its last sample (or stop)
     idle_s: float
     unknown_s: float  # intervals whose idleness could not be told (utilisation missing)
     idle_meaning: str
-    energy_mj: float  # all watched GPUs since the first sample; NaN when not available
-    energy_note: str | None  # why energy is not available
+    energy_mj: float  # all watched GPUs since the start; NaN when not available
     idle_alert_s: float | None
     idle_since: float | None  # start of the current idle stretch (as the alert counts it)
+    per_gpu: bool = False  # the price is per GPU-hour (a job's), times ``units`` GPUs
+    units: int = 1
+    device_energy_mj: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per row
+
+    def usd(self, seconds: Any) -> Any:
+        """What ``seconds`` of the watched instance (or GPUs) cost (NaN without a price)."""
+        return math.nan if self.price is None else self.price * self.units * seconds / 3600.0
 
     @property
     def total_usd(self) -> float:
-        return math.nan if self.price is None else self.price * self.metered_s / 3600.0
+        return self.usd(self.metered_s)
 
     @property
     def idle_usd(self) -> float:
-        return math.nan if self.price is None else self.price * self.idle_s / 3600.0
+        return self.usd(self.idle_s)
 
     @property
     def idle_share(self) -> float:
@@ -80,68 +125,32 @@ class CostState:
         return self.energy_mj / 3.6e6
 
 
-class EnergyReader:
-    """NVML's total-energy counters of the watched GPUs, summed; never raises."""
-
-    def __init__(
-        self, module: Any, gpus: Sequence[tuple[WatchedDevice, Any]], unavailable: str | None = None
-    ) -> None:
-        self._nv = module
-        self._gpus = list(gpus)
-        self.note: str | None = unavailable
-        self.errors = 0
-        fn = getattr(module, "nvmlDeviceGetTotalEnergyConsumption", None) if gpus else None
-        self._fn = fn
-        if gpus and fn is None and self.note is None:
-            self.note = "energy per cell not available: this nvidia-ml-py has no nvmlDeviceGetTotalEnergyConsumption"
-
-    def read(self) -> float:
-        """mJ of every watched GPU together, or NaN (for good once a GPU has no counter)."""
-        if self._fn is None or self.note is not None:
-            return math.nan
-        total = 0.0
-        for device, handle in self._gpus:
-            try:
-                total += float(self._fn(handle))
-            except Exception as exc:
-                code = getattr(exc, "value", None)
-                if code in (_NOT_SUPPORTED, _FUNCTION_NOT_FOUND, _NO_PERMISSION) or code is None:
-                    self.note = (
-                        f"energy per cell not available: {device.label} has no total-energy "
-                        f"counter (NVML reports it on Volta and later GPUs; {exc or type(exc).__name__})"
-                    )
-                else:
-                    self.errors += 1  # transient: this interval's energy is lost, not the rest
-                return math.nan
-        return total
-
-
 class CostMeter:
     """Folds every sample into the cost, idle and energy totals and the idle alert.
 
     Runs on the sampler thread, after the cell marks have taken the sample; state copied out
     with :meth:`state`. ``on_idle`` is called once per idle stretch, when the alert fires.
+    ``start(t)`` and ``close(t)`` bound the metered time: the watch's start and its stop.
     """
 
     def __init__(
         self,
         devices: Sequence[WatchedDevice],
-        gpus: Sequence[tuple[WatchedDevice, Any]],
-        module: Any,
         price: float | None,
         idle_alert_s: float | None,
         on_idle: Callable[[Alert], object] | None = None,
-        energy_unavailable: str | None = None,
+        per_gpu: bool = False,
     ) -> None:
         self.price = price
         self.idle_alert_s = idle_alert_s
         self.on_idle = on_idle
-        self.has_gpus = bool(gpus)
-        self._gpu_rows = [i for i, d in enumerate(devices) if d.kind == CUDA]
-        self._energy = EnergyReader(module, gpus, energy_unavailable)
+        self.per_gpu = per_gpu
+        self.devices = tuple(devices)
+        self.has_gpus = any(d.kind == CUDA for d in devices)
         self._prev_t: float | None = None
-        self._prev_energy = math.nan
+        self._last_idle: bool | None = None  # the last sample's state, for the stretch to the stop
         self.energy_mj = math.nan
+        self.device_energy_mj = np.full(len(devices), np.nan)
         self.metered_s = 0.0
         self.idle_s = 0.0
         self.unknown_s = 0.0
@@ -151,64 +160,69 @@ class CostMeter:
         # cell that ended it (on the host path, running `%gpuwatch status` ends the idleness).
         self.ended: tuple[Alert, float] | None = None
         self.callback_error: str | None = None
-        self._start = math.nan  # the first sample's time
+        self._start = math.nan  # when metering began
 
-    @property
-    def energy_note(self) -> str | None:
-        return self._energy.note if self.has_gpus else None
+    def widen(self, devices: Sequence[WatchedDevice], positions: Sequence[int]) -> None:
+        """A source found more devices: per-device totals follow their rows."""
+        totals = np.full(len(devices), np.nan)
+        totals[list(positions)] = self.device_energy_mj
+        self.devices, self.device_energy_mj = tuple(devices), totals
 
     # -- per sample ----------------------------------------------------------------------
-    def sample(self, t: float, block: np.ndarray, marks: CellMarks, cuda_in_use: bool) -> None:
-        energy = self._energy.read() if self.has_gpus else math.nan
+    def start(self, t: float) -> None:
+        """The watch starts: the first interval runs from here to the first sample."""
+        self._prev_t = self._start = t
+
+    def sample(
+        self,
+        t: float,
+        marks: CellMarks,
+        idle: bool | None,
+        holds_memory: bool,
+        energy_mj: np.ndarray | None,
+    ) -> None:
+        """One sample: ``idle`` (the GPUs' state, None: unknown), whether this kernel holds
+        GPU memory, and the mJ each row's counter moved since the previous sample."""
         prev_t = self._prev_t
         if prev_t is not None and t > prev_t:
-            dt = t - prev_t
-            self.metered_s += dt
-            if self.has_gpus:
-                state = self._gpu_idle(block)
-                if state is None:
-                    self.unknown_s += dt
-                elif state:
-                    self.idle_s += dt
-            else:
-                self.idle_s += max(0.0, dt - marks.busy_seconds(prev_t, t))
-            d_energy = energy - self._prev_energy
-            if math.isfinite(d_energy) and d_energy >= 0:  # < 0: the driver reloaded
-                self.energy_mj = (0.0 if math.isnan(self.energy_mj) else self.energy_mj) + d_energy
-                marks.add_energy(prev_t, t, d_energy)
+            self._meter(prev_t, t, idle, marks)
+            if energy_mj is not None and not np.isnan(energy_mj).all():
+                moved = float(np.nansum(energy_mj))
+                self.energy_mj = (0.0 if math.isnan(self.energy_mj) else self.energy_mj) + moved
+                n = min(len(energy_mj), len(self.device_energy_mj))
+                known = ~np.isnan(energy_mj[:n])
+                totals = self.device_energy_mj[:n]  # a view: written in place
+                totals[known] = np.fmax(totals[known], 0.0) + energy_mj[:n][known]  # NaN: 0
+                marks.add_energy(prev_t, t, moved)
         if prev_t is None:
             self._start = t  # the host path's idleness counts from the first sample
         self._prev_t = t
-        self._prev_energy = energy
-        self._update_idle_alert(t, prev_t, block, marks, cuda_in_use)
+        self._last_idle = idle
+        self._update_idle_alert(t, prev_t, idle is True and holds_memory, marks)
 
-    def _gpu_idle(self, block: np.ndarray) -> bool | None:
-        util = block[self._gpu_rows, M.UTIL_GPU]
-        if np.isnan(util).any():
-            # A busy GPU makes the interval busy even if another one's value is missing.
-            finite = util[~np.isnan(util)]
-            return False if len(finite) and finite.max() >= IDLE_UTIL_PCT else None
-        return bool(util.max() < IDLE_UTIL_PCT)
+    def close(self, t: float, marks: CellMarks) -> None:
+        """The watch stops at ``t``: the time since the last sample is metered as it stood."""
+        if self._prev_t is not None and t > self._prev_t:
+            self._meter(self._prev_t, t, self._last_idle, marks)
+            self._prev_t = t
 
-    def _holds_gpu_memory(self, block: np.ndarray, cuda_in_use: bool) -> bool:
-        proc = block[self._gpu_rows, M.PROC_MEM]
-        if np.isnan(proc).all():
-            # NVML could not tell (a container's PID namespace): torch having CUDA up is the
-            # best evidence left that this kernel holds memory.
-            return cuda_in_use
-        return bool(np.nansum(proc) > 0)
+    def _meter(self, t0: float, t1: float, idle: bool | None, marks: CellMarks) -> None:
+        dt = t1 - t0
+        self.metered_s += dt
+        if self.has_gpus:
+            if idle is None:
+                self.unknown_s += dt
+            elif idle:
+                self.idle_s += dt
+        else:
+            self.idle_s += max(0.0, dt - marks.busy_seconds(t0, t1))
 
     def _update_idle_alert(
-        self,
-        t: float,
-        prev_t: float | None,
-        block: np.ndarray,
-        marks: CellMarks,
-        cuda_in_use: bool,
+        self, t: float, prev_t: float | None, gpus_wasted: bool, marks: CellMarks
     ) -> None:
         running = marks.running()
         if self.has_gpus:
-            idle = self._gpu_idle(block) is True and self._holds_gpu_memory(block, cuda_in_use)
+            idle = gpus_wasted
             if idle and self.idle_since is None:
                 # The interval up to this sample was idle; its start is the first idle moment.
                 self.idle_since = prev_t if prev_t is not None else t
@@ -259,9 +273,11 @@ class CostMeter:
             unknown_s=self.unknown_s,
             idle_meaning=GPU_IDLE_MEANING if self.has_gpus else HOST_IDLE_MEANING,
             energy_mj=self.energy_mj,
-            energy_note=self.energy_note,
             idle_alert_s=self.idle_alert_s,
             idle_since=self.idle_since,
+            per_gpu=self.per_gpu,
+            units=sum(d.kind == CUDA for d in self.devices) if self.per_gpu else 1,
+            device_energy_mj=self.device_energy_mj.copy(),
         )
 
     def status_alert(self, running_start: float | None) -> Alert | None:

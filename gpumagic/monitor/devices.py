@@ -20,7 +20,10 @@ class WatchedDevice:
     """One row of every sample: a GPU (``kind="cuda"``) or the host (``kind="host"``).
 
     A MIG instance is a GPU row of its own: ``nvml_index`` is its parent board's index and
-    ``mig_index`` its slot on that board (NVML's MIG device index).
+    ``mig_index`` its slot on that board (NVML's MIG device index). A GPU of a job on another
+    node (read through Prometheus) has no CUDA index here: ``host`` names its node and
+    ``node_index`` its index there (dcgm-exporter's ``gpu`` label), ``labels`` keeps the
+    other labels its series carry.
     """
 
     kind: DeviceKind
@@ -29,16 +32,24 @@ class WatchedDevice:
     cuda_index: int | None = None  # index as CUDA/PyTorch sees it (``cuda:N``)
     uuid: str | None = None
     mig_index: int | None = None  # set for a MIG instance
+    host: str | None = None  # another node's GPU: the node (dcgm-exporter's Hostname)
+    node_index: str | None = None  # ... and its index on that node, as labelled
+    labels: tuple[tuple[str, str], ...] = ()
 
     @property
     def key(self) -> str:
-        """``cuda:0`` for a GPU, ``host`` for the host (the ``device`` column)."""
+        """``cuda:0`` for a GPU, ``host`` for the host (the ``device`` column); a job's GPU
+        is named by its node: ``node-1 GPU 3``."""
+        if self.host is not None:
+            return self.label
         return device_key(self.kind, self.cuda_index)
 
     @property
     def label(self) -> str:
         """Both numberings when they differ: ``cuda:0 (GPU 2)``; ``GPU 0`` when they agree;
-        ``cuda:0 (GPU 0 MIG 1)`` for a MIG instance."""
+        ``cuda:0 (GPU 0 MIG 1)`` for a MIG instance; ``node-1 GPU 3`` on another node."""
+        if self.host is not None:
+            return f"{self.host} GPU {self.node_index}"
         if self.kind != CUDA:
             return HOST
         if self.mig_index is not None:

@@ -1,4 +1,5 @@
-"""Host sampling (psutil): machine CPU % and RAM, and this process's CPU share and RSS.
+"""The host as a source of samples (psutil): the machine's CPU % and RAM, and this
+process's CPU share and RSS, in one row after this machine's GPUs.
 
 CPU percentages are computed from our own ``cpu_times()`` deltas instead of
 ``psutil.cpu_percent(interval=None)``: that function keeps its "since the last call"
@@ -18,7 +19,11 @@ import numpy as np
 
 from gpumagic.device_kinds import HOST
 from gpumagic.monitor import metrics as M
+from gpumagic.monitor.alerts import Alert, compute_alerts
+from gpumagic.monitor.cells import CellRecord
 from gpumagic.monitor.devices import WatchedDevice
+from gpumagic.monitor.machine import MACHINE
+from gpumagic.monitor.source import Recent, SourceBase
 
 # A delta over less wall time than this is mostly timer granularity (clock ticks are
 # 10 ms on Linux), so the first sample right after start reports CPU % as missing.
@@ -92,3 +97,32 @@ class HostReader:
         share = 100.0 * (proc - self._last_proc) / (wall * self._ncpu)
         row[M.PROC_CPU] = min(100.0, max(0.0, share)) if math.isfinite(share) else math.nan
         self._last_wall, self._last_busy, self._last_total, self._last_proc = now, busy, total, proc
+
+
+class HostSource(SourceBase):
+    """The host's row: what a cell's peak CPU and RAM are, and the host-memory alert."""
+
+    layout = MACHINE
+
+    def __init__(self) -> None:
+        self.reader = HostReader()
+        self._devices = (self.reader.device,)
+
+    @property
+    def devices(self) -> tuple[WatchedDevice, ...]:
+        return self._devices
+
+    def read(self, t: float) -> np.ndarray:
+        rows = np.full((1, M.N_METRICS), np.nan)
+        self.reader.read(rows[0])
+        return rows
+
+    def fold(self, cell: CellRecord, rows: np.ndarray) -> None:
+        cell.fold_host(rows[0])
+
+    def alerts(self, recent: Recent, running: CellRecord | None) -> list[Alert]:
+        times, values = recent(0.0)
+        return compute_alerts(self._devices, times, values, running)
+
+    def notes(self) -> list[str]:
+        return [self.reader.error] if self.reader.error else []

@@ -1,5 +1,7 @@
-"""What the watcher samples: one table of metrics shared by the ring buffer, the CSV log,
-the DataFrame and the charts, so a column means the same thing everywhere.
+"""What this machine's sources sample (its GPUs through NVML, its host): one table of
+metrics shared by the ring buffer, the CSV log, the DataFrame and the charts, so a column
+means the same thing everywhere. (A ``Metric`` is any layout's column: a job's are DCGM's
+fields, ``gpumagic.monitor.job.dcgm``.)
 
 Values are kept as float64 (NaN = missing) in internal units: bytes for memory, percent
 for utilisation, °C, watts, MHz, and the raw NVML bit mask for throttle reasons. The CSV

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -48,6 +49,14 @@ class Ring:
             self._next = (self._next + 1) % self.capacity
             self._count = min(self._count + 1, self.capacity)
             self.pushed += 1
+
+    def widen(self, positions: Sequence[int], devices: int) -> None:
+        """More devices per sample (a source found one): row ``i`` of every sample held moves
+        to ``positions[i]`` of ``devices`` rows; the new rows are NaN in the samples so far."""
+        with self._lock:
+            values = np.full((self.capacity, devices, self._values.shape[2]), np.nan)
+            values[:, list(positions), :] = self._values
+            self._values = values
 
     def _order(self, n: int) -> np.ndarray:
         start = (self._next - n) % self.capacity

@@ -1,18 +1,23 @@
-"""The sampler thread and the one-per-process "current watcher".
+"""The watcher: one sampler thread over its sources, and the one-per-process "current watcher".
 
-A ``Watcher`` validates everything (interval, window, GPU indexes, log path) in its
-constructor, so bad input fails before any thread exists. ``start()`` replaces whatever
-watcher was running (two samplers would double the cost and fight over the cell events),
-takes the first sample on the calling thread (so ``status()`` has data at once) and
-starts a daemon thread that samples every ``interval`` seconds until ``stop()``.
+A ``Watcher`` reads its sources (:mod:`gpumagic.monitor.source`): this machine's GPUs and
+host by default, or a job's GPUs through Prometheus (:mod:`gpumagic.monitor.job`). It
+validates everything (interval, window, price, log path) in its constructor, so bad input
+fails before any thread exists. ``start()`` replaces whatever watcher was running (two
+samplers would double the cost and fight over the cell events), reads the sources' history
+(a job's recent past), takes the first sample on the calling thread (so ``status()`` has
+data at once) and starts a daemon thread that samples every ``interval`` seconds until
+``stop()``, which takes a last sample.
 
-Nothing the thread does raises: a sample that fails part-way records the error and the
-next sample runs as usual. The thread's own CPU time per sample is measured
-(``time.thread_time``) so its cost is a number, not a guess.
+A sample is a row per device (each source fills its own rows), kept in a ring of the
+window's length, written to the CSV, folded into the running cells' records, looked at for
+alerts and metered (cost, idle time, energy). Nothing the thread does raises: a sample that
+fails part-way records the error and the next sample runs as usual. The thread's own CPU
+time per sample is measured (``time.thread_time``) so its cost is a number, not a guess.
 
 The watcher publishes and never draws: ``seq`` is a version counter a reader polls (it
 changes exactly when a new sample is in), and ``subscribe()`` tells a front end about
-every sample and about the stop. The live chart (``gpumagic.render.watch_live``) and the
+every sample and about the stop. The live view (``gpumagic.render.watch_live``) and the
 shell whose cells are marked are handed in by the IPython glue; this module imports
 neither IPython nor any display code (issue 8, checked by ``lint-imports``).
 """
@@ -30,21 +35,22 @@ from typing import Any, Literal
 
 import numpy as np
 
-from gpumagic.monitor import metrics as M
-from gpumagic.monitor.alerts import LOW_UTIL_SPAN_S, Alert, compute_alerts
-from gpumagic.monitor.cells import CellMarks
-from gpumagic.monitor.cost import CostMeter
+from gpumagic.device_kinds import CUDA
+from gpumagic.monitor.alerts import Alert
+from gpumagic.monitor.cells import CellMarks, CellRecord
+from gpumagic.monitor.cost import CostMeter, combine
 from gpumagic.monitor.csvlog import CsvLog
 from gpumagic.monitor.devices import WatchedDevice
-from gpumagic.monitor.host import HostReader
-from gpumagic.monitor.nvml import GpuReader, cuda_devices_in_use, cuda_in_use, gpus_to_watch
-from gpumagic.monitor.processes import ProcessTable, read_processes
+from gpumagic.monitor.host import HostSource
+from gpumagic.monitor.nvml_source import GpuSource
+from gpumagic.monitor.processes import ProcessTable
 from gpumagic.monitor.result import WatchResult, WatchStatus
 from gpumagic.monitor.ring import Ring, capacity_for
 from gpumagic.monitor.snapshot import Snapshot
+from gpumagic.monitor.source import Recent, Source
 from gpumagic.units import parse_duration, parse_price
 
-__all__ = ["Snapshot", "WatchEvent", "Watcher", "current", "stop_current", "watch"]
+__all__ = ["WatchEvent", "Watcher", "current", "machine_sources", "stop_current"]
 
 # What a subscriber is told: a new sample is in, or the watcher stopped (its result is final).
 WatchEvent = Literal["sample", "stop"]
@@ -57,7 +63,14 @@ MIN_INTERVAL = 0.1
 # A cell-end sample is taken at once, but never closer than this to the previous one, so a
 # notebook of many tiny cells ("Run all") cannot turn the sampler into a busy loop.
 MIN_SPACING = 0.1
-_JOIN_TIMEOUT_S = 5.0
+# A sample may be a request to Prometheus in flight (its timeout, 3 s by default).
+_JOIN_TIMEOUT_S = 10.0
+
+
+def machine_sources(gpus: int | str | Sequence[int] | None = None) -> list[Source]:
+    """This machine: its GPUs through NVML (``gpus``: CUDA indexes, default all visible;
+    none where NVML has none) and its host through psutil."""
+    return [GpuSource(gpus), HostSource()]
 
 
 def _check_interval(interval: float) -> tuple[float, str | None]:
@@ -84,94 +97,68 @@ def _check_window(window: float, interval: float) -> float:
     return value
 
 
-def _check_gpus(gpus: int | str | Sequence[int] | None) -> list[int] | None:
-    if gpus is None:
-        return None
-    items: Sequence[Any]
-    if isinstance(gpus, str):
-        items = [g for g in gpus.replace(" ", "").split(",") if g]
-    elif isinstance(gpus, int):
-        items = [gpus]
-    else:
-        items = list(gpus)
-    out: list[int] = []
-    for item in items:
-        if isinstance(item, bool):
-            raise ValueError(f"GPU indexes must be integers, got {item!r}")
-        try:
-            out.append(int(item))
-        except (TypeError, ValueError):
-            raise ValueError(f"GPU indexes must be integers (CUDA indexes), got {item!r}") from None
-    if not out:
-        raise ValueError("gpus is empty: pass None to watch every visible GPU")
-    return out
-
-
 class Watcher:
-    """Samples every visible GPU (or the host) in a background thread.
+    """Samples its sources (default: this machine's GPUs and host) in a background thread.
 
-    ``gpus`` are CUDA indexes (``cuda:N`` as PyTorch numbers them under
-    ``CUDA_VISIBLE_DEVICES``). ``cells`` registers cell marks on ``shell`` (an IPython
-    shell: ``%gpuwatch`` passes its own; in a notebook, ``shell=get_ipython()``) while the
-    watcher runs. Without a shell no cell is marked: this core never looks for one.
+    ``interval``: seconds between samples (default: the sources' layout's, 1 s here, 5 s
+    for a job). ``cells`` registers cell marks on ``shell`` (an IPython shell:
+    ``%gpuwatch`` passes its own; in a notebook, ``shell=get_ipython()``) while the watcher
+    runs. Without a shell no cell is marked: this core never looks for one.
 
-    ``price`` (dollars per hour) puts a cost on every cell and on the idle time;
-    ``idle_alert`` (seconds, or ``"30m"``, ``"2h"``) raises an alert, and calls ``on_idle``
-    with it, when every watched GPU has been idle that long while this kernel holds GPU
-    memory (without a GPU: while no cell runs). See :mod:`gpumagic.monitor.cost`.
+    ``price`` puts a cost on every cell and on the idle time (dollars per hour, or per
+    GPU-hour for a job); ``idle_alert`` (seconds, or ``"30m"``, ``"2h"``) raises an alert,
+    and calls ``on_idle`` with it, when every watched GPU has been idle that long while this
+    kernel holds GPU memory (without a GPU: while no cell runs). See
+    :mod:`gpumagic.monitor.cost`.
     """
 
     def __init__(
         self,
-        interval: float = 1.0,
-        log: str | os.PathLike[str] | None = None,
-        gpus: int | str | Sequence[int] | None = None,
-        window: float = 300.0,
+        sources: Sequence[Source] | None = None,
         *,
+        interval: float | None = None,
+        window: float = 300.0,
+        log: str | os.PathLike[str] | None = None,
         cells: bool = True,
         shell: Any = None,
         price: float | None = None,
         idle_alert: float | str | None = None,
         on_idle: Callable[[Alert], object] | None = None,
     ) -> None:
-        self.interval, floor_note = _check_interval(interval)
+        self.sources: tuple[Source, ...] = tuple(
+            machine_sources() if sources is None else sources
+        )
+        if not self.sources:
+            raise ValueError("a watcher needs a source to read")
+        self.layout = self.sources[0].layout
+        if any(s.layout is not self.layout for s in self.sources):
+            raise ValueError(
+                "the sources of one watcher fill one layout: "
+                f"{sorted({s.layout.view for s in self.sources})} cannot share a watcher"
+            )
+        self.interval, floor_note = _check_interval(
+            self.layout.interval_s if interval is None else interval
+        )
         self.price = parse_price(price)
         self.idle_alert_s = parse_duration(idle_alert) if idle_alert is not None else None
         if on_idle is not None and not callable(on_idle):
             raise ValueError(f"on_idle must be callable, got {on_idle!r}")
         self.window = _check_window(window, self.interval)
-        selection = gpus_to_watch(_check_gpus(gpus))
-        self.reason = selection.reason
-        self._notes: list[str] = ([floor_note] if floor_note else []) + selection.notes
-        pid = os.getpid()
-        self._gpu_readers = [GpuReader(selection.module, d, g, pid) for d, g in selection.gpus]
-        self._nvml = selection.module
-        self._gpu_handles = [(d, g.handle) for d, g in selection.gpus]
-        self._host = HostReader()
-        self.devices: tuple[WatchedDevice, ...] = (
-            *(r.device for r in self._gpu_readers),
-            self._host.device,
+        self.reason = next((s.reason for s in self.sources if s.reason is not None), None)
+        self.origin = " · ".join(s.origin for s in self.sources if s.origin)
+        self._notes: list[str] = [floor_note] if floor_note else []
+        self._rows_lock = threading.Lock()  # devices and the ring's width change together
+        self._counts = [len(s.devices) for s in self.sources]
+        self._has_gpus = [any(d.kind == CUDA for d in s.devices) for s in self.sources]
+        self.devices: tuple[WatchedDevice, ...] = tuple(d for s in self.sources for d in s.devices)
+        self._ring = Ring(
+            capacity_for(self.window, self.interval), len(self.devices), len(self.layout.metrics)
         )
-        self._gpu_rows = list(range(len(self._gpu_readers)))
-        self._host_row = len(self.devices) - 1
-        self._ring = Ring(capacity_for(self.window, self.interval), len(self.devices), M.N_METRICS)
         self._meter = CostMeter(
-            self.devices,
-            self._gpu_handles,
-            selection.module,
-            self.price,
-            self.idle_alert_s,
-            on_idle,
-            # The total-energy counter is the whole board's: on a MIG instance it would count
-            # the other tenants' work as this kernel's cells.
-            energy_unavailable=(
-                "energy per cell not available: MIG instances share their board's energy counter"
-                if any(getattr(g, "mig_index", None) is not None for _, g in selection.gpus)
-                else None
-            ),
+            self.devices, self.price, self.idle_alert_s, on_idle, self.layout.price_per_gpu
         )
         # Opened here, before any thread: an unwritable path is a ValueError naming it.
-        self._log = CsvLog(log, self.devices) if log is not None else None
+        self._log = CsvLog(log, self.layout, self.devices) if log is not None else None
 
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -183,7 +170,6 @@ class Watcher:
         self._state_lock = threading.Lock()
         self._alerts: list[Alert] = []
         self._alerts_seen: dict[tuple[str, str], tuple[Alert, float, int]] = {}
-        self._process_note: str | None = None
         self.started = math.nan
         self.stopped_at: float | None = None
         self.samples_taken = 0
@@ -213,6 +199,8 @@ class Watcher:
             if self._want_cells and self._shell is not None:
                 self.marks.attach(self._shell)
             self.started = time.time()
+            self._read_history()
+            self._meter.start(self.started)
             self.sample_now()
             self._thread = threading.Thread(target=self._run, name="gpumagic-watch", daemon=True)
             self._thread.start()
@@ -237,8 +225,11 @@ class Watcher:
             self.marks.detach()
             self.stopped_at = time.time()
             self.marks.close_all(self.stopped_at)
+            self._meter.close(self.stopped_at, self.marks)
             if self._log is not None:
                 self._log.close()
+            for source in self.sources:
+                source.close()
             self._result = WatchResult(self._with_processes(self.snapshot(all_cells=True)))
             if _current is self:
                 _current = None
@@ -264,6 +255,11 @@ class Watcher:
     @property
     def log_path(self) -> str | None:
         return str(self._log.path) if self._log is not None else None
+
+    @property
+    def gpus(self) -> tuple[WatchedDevice, ...]:
+        """The GPUs watched (this machine's, or a job's on every node)."""
+        return tuple(d for d in self.devices if d.kind == CUDA)
 
     def attach(self, shell: Any) -> None:
         """Record cell marks from ``shell`` (replaces any shell attached before)."""
@@ -317,14 +313,17 @@ class Watcher:
     # -- reading -------------------------------------------------------------------------
     def snapshot(self, all_cells: bool = False) -> Snapshot:
         """A consistent copy of the window; cells of the window only unless ``all_cells``."""
-        last = self._ring.last()
-        now = last[0] if last is not None else time.time()
-        times, values = self._ring.since(now - self.window)
+        with self._rows_lock:
+            devices = self.devices
+            last = self._ring.last()
+            now = last[0] if last is not None else time.time()
+            times, values = self._ring.since(now - self.window)
         with self._state_lock:
             alerts = list(self._alerts)
             seen = list(self._alerts_seen.values())
         return Snapshot(
-            devices=self.devices,
+            layout=self.layout,
+            devices=devices,
             times=times,
             values=values,
             cells=self.marks.records(None if all_cells else now - self.window),
@@ -341,6 +340,7 @@ class Watcher:
             samples_taken=self.samples_taken,
             sample_cpu_s=self.sample_cpu_s,
             seq=self._ring.pushed,
+            origin=self.origin,
             cost=self._meter.state(),
         )
 
@@ -363,30 +363,30 @@ class Watcher:
 
     def processes(self) -> ProcessTable:
         """The compute processes on the watched GPUs now (nvidia-smi's bottom table)."""
-        if not self._gpu_handles:
-            return ProcessTable()
-        return read_processes(self._nvml, self._gpu_handles, os.getpid(), time.time())
+        tables = [t for s in self.sources if (t := s.processes()) is not None]
+        if len(tables) == 1:
+            return tables[0]
+        merged = ProcessTable(time=max((t.time for t in tables), default=math.nan))
+        for table in tables:
+            merged.rows += table.rows
+            merged.notes += table.notes
+            merged.read = merged.read or table.read
+        return merged
 
     def _with_processes(self, snap: Snapshot) -> Snapshot:
         return dataclasses.replace(snap, processes=self.processes())
 
     def notes(self) -> list[str]:
-        """Why some values are missing: unsupported metrics, lost GPUs, log or host errors."""
+        """Why some values are missing: unsupported metrics, lost GPUs, log or source errors."""
         out = list(self._notes)
-        for reader in self._gpu_readers:
-            out.extend(reader.notes())
-        if self._process_note:
-            out.append(self._process_note)
-        if self._host.error:
-            out.append(self._host.error)
+        for source in self.sources:
+            out.extend(source.notes())
         if self._log is not None and self._log.error:
             out.append(self._log.error)
         if self.last_error:
             out.append(f"sampling error ({self.sample_errors} so far): {self.last_error}")
         if self._subscriber_error:
             out.append(self._subscriber_error)
-        if self._meter.energy_note:
-            out.append(self._meter.energy_note)
         if self._meter.callback_error:
             out.append(self._meter.callback_error)
         return out
@@ -412,73 +412,111 @@ class Watcher:
 
     def _sample(self) -> None:
         t = time.time()
-        block = np.full((len(self.devices), M.N_METRICS), np.nan)
-        for row, reader in enumerate(self._gpu_readers):
-            reader.read(block[row])
-        if self._gpu_readers:
-            self._process_memory_check(block)
-        self._host.read(block[self._host_row])
+        parts = [source.read(t) for source in self.sources]
+        self._follow_devices()
+        block = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        self._push(t, block)
+
+        def fold(cell: CellRecord) -> None:
+            for source, rows in zip(self.sources, parts):
+                source.fold(cell, rows)
+
+        self.marks.fold(t, fold)
+        self._update_alerts(t)
+        idle, holds, energy = combine(
+            [
+                (len(rows), gpus, s.meter(rows))
+                for s, rows, gpus in zip(self.sources, parts, self._has_gpus)
+            ]
+        )
+        self._meter.sample(t, self.marks, idle, holds, energy)
+        alert = self._meter.alert  # the idle alert, which the meter keeps
+        if alert is not None:
+            with self._state_lock:
+                self._alerts = [*self._alerts, alert]
+            self._seen(t, [alert])
+
+    def _push(self, t: float, block: np.ndarray) -> None:
         self._ring.push(t, block)
         if self._log is not None:
-            self._log.write(t, block)
-        self.marks.fold(t, block, self._gpu_rows, self._host_row, self._own_rows(block))
-        self._update_alerts(t)
-        self._update_cost(t, block)
+            self._log.write(t, block, self.devices)
 
-    def _update_cost(self, t: float, block: np.ndarray) -> None:
-        # After the marks took the sample: the meter spreads energy over the cells it covers.
-        # Whether CUDA is up matters only where NVML could not tell this process's memory.
-        unknown = bool(self._gpu_rows) and bool(np.isnan(block[self._gpu_rows, M.PROC_MEM]).all())
-        self._meter.sample(t, block, self.marks, cuda_in_use() if unknown else False)
-        alert = self._meter.alert
-        if alert is None:
+    def _follow_devices(self) -> None:
+        """A source found devices (a node joined a job): the ring widens, the samples so far
+        keep their rows, the new rows come at the end of that source's."""
+        counts = [len(s.devices) for s in self.sources]
+        if counts == self._counts:
             return
-        with self._state_lock:
-            self._alerts = [*self._alerts, alert]
-            first = self._alerts_seen.get(alert.key)
-            if first is None:
-                self._alerts_seen[alert.key] = (alert, t, 1)
-            else:
-                self._alerts_seen[alert.key] = (first[0], t, first[2] + 1)
+        positions: list[int] = []
+        start = 0
+        for before, now in zip(self._counts, counts):
+            positions += range(start, start + before)
+            start += now
+        devices = tuple(d for s in self.sources for d in s.devices)
+        with self._rows_lock:
+            self._ring.widen(positions, len(devices))
+            self._meter.widen(devices, positions)
+            self.devices, self._counts = devices, counts
+            self._has_gpus = [any(d.kind == CUDA for d in s.devices) for s in self.sources]
 
-    def _own_rows(self, block: np.ndarray) -> list[int]:
-        """GPU rows this process uses: NVML lists its memory there, or (NVML cannot tell, as
-        in a container's PID namespace) it holds a CUDA context there. A cell's utilisation
-        comes from these, not from another user's busiest GPU on a shared box."""
-        if not self._gpu_readers:
-            return []
-        proc = block[self._gpu_rows, M.PROC_MEM]
-        own = [row for row, used in zip(self._gpu_rows, proc) if used > 0]
-        if own or not np.isnan(proc).any():
-            return own
-        contexts = cuda_devices_in_use()
-        return [
-            row
-            for row, reader in zip(self._gpu_rows, self._gpu_readers)
-            if math.isnan(block[row, M.PROC_MEM]) and reader.device.cuda_index in contexts
-        ]
-
-    def _process_memory_check(self, block: np.ndarray) -> None:
-        # NVML reports host PIDs; inside a container's PID namespace os.getpid() matches none,
-        # and "0 bytes" would be a lie for a process that is using CUDA.
-        readers = [r for r in self._gpu_readers if r.process_checked]
-        if not readers or any(r.process_found for r in readers) or not cuda_in_use():
-            return
-        for row, reader in enumerate(self._gpu_readers):
-            if reader in readers:
-                block[row, M.PROC_MEM] = np.nan
-        if any(r.process_listed_any for r in readers):
-            self._process_note = (
-                "this process is not in NVML's process list (a container's PID namespace?): "
-                "its own GPU memory is unknown"
-            )
+    def _read_history(self) -> None:
+        """The sources' samples from before the start, in time order (a job's recent past)."""
+        found: list[tuple[float, int, np.ndarray]] = []
+        for i, source in enumerate(self.sources):
+            try:
+                found += [(t, i, rows) for t, rows in source.history(
+                    self.started - self.window, self.started, self.interval
+                )]
+            except Exception as exc:  # a source's history is a bonus: note, then sample on
+                self._notes.append(f"the window's history could not be read: {exc}")
+        self._follow_devices()
+        for t, i, rows in sorted(found, key=lambda x: (x[0], x[1])):
+            block = np.full((len(self.devices), len(self.layout.metrics)), np.nan)
+            start = sum(self._counts[:i])
+            block[start : start + len(rows)] = rows
+            self._push(t, block)
 
     def _update_alerts(self, t: float) -> None:
-        span = math.ceil(LOW_UTIL_SPAN_S / self.interval) + 2
-        times, values = self._ring.tail(span)
-        alerts = compute_alerts(self.devices, times, values, self.marks.running(), cuda_in_use())
+        running = self.marks.running()
+        # One copy of the ring's tail for every source that looks back (the longest asked
+        # for so far, sliced for shorter spans): this runs at every sample.
+        held: list[tuple[int | None, np.ndarray, np.ndarray]] = []
+
+        def samples(n: int | None) -> tuple[np.ndarray, np.ndarray]:
+            if held:
+                m, times, values = held[0]
+                if n is None and m is None:
+                    return times, values
+                if n is not None and m is not None and n <= m:
+                    return times[-n:], values[-n:]
+            if n is None:
+                last = self._ring.last()
+                times, values = self._ring.since(last[0] - self.window if last else -math.inf)
+            else:
+                times, values = self._ring.tail(n)
+            held[:] = [(n, times, values)]
+            return times, values
+
+        def recent_of(rows: slice) -> Recent:
+            def recent(seconds: float | None) -> tuple[np.ndarray, np.ndarray]:
+                n = None if seconds is None else math.ceil(seconds / self.interval) + 2
+                times, values = samples(n)
+                return times, values[:, rows]
+
+            return recent
+
+        alerts: list[Alert] = []
+        start = 0
+        for source, count in zip(self.sources, self._counts):
+            alerts += source.alerts(recent_of(slice(start, start + count)), running)
+            start += count
         with self._state_lock:
             self._alerts = alerts
+        self._seen(t, alerts)
+
+    def _seen(self, t: float, alerts: list[Alert]) -> None:
+        """Count each alert's samples since it first showed (the summary's "alerts seen")."""
+        with self._state_lock:
             for alert in alerts:
                 first = self._alerts_seen.get(alert.key)
                 if first is None:
@@ -512,16 +550,18 @@ class Watcher:
             if self.running
             else ("stopped" if self._result is not None else "not started")
         )
-        what = (
-            f"{len(self._gpu_readers)} GPU(s)"
-            if self._gpu_readers
-            else f"host only ({self.reason})"
-        )
+        gpus = self.gpus
+        hosts = len({d.host for d in gpus if d.host is not None})
+        if gpus:
+            what = f"{len(gpus)} GPU(s)" + (f" on {hosts} node(s)" if hosts else "")
+        else:
+            what = f"host only ({self.reason})"
+        origin = f", {self.origin}" if self.origin else ""
         log = f", log={self.log_path!r}" if self.log_path else ""
-        return f"<gpumagic Watcher {state}, every {self.interval:g} s, {what}{log}>"
+        return f"<gpumagic Watcher {state}, every {self.interval:g} s, {what}{origin}{log}>"
 
 
-# -- the current watcher ---------------------------------------------------------------------
+# -- the current watcher: one per process, whatever it reads --------------------------------
 _current: Watcher | None = None
 _current_lock = threading.RLock()
 _atexit_registered = False
@@ -529,46 +569,11 @@ _atexit_registered = False
 
 def _register_atexit() -> None:
     # A script that never calls stop() would otherwise have the daemon thread killed
-    # mid-NVML-call at interpreter shutdown; stop_current closes the log cleanly.
+    # mid-call at interpreter shutdown; stop_current closes the log cleanly.
     global _atexit_registered
     if not _atexit_registered:
         atexit.register(stop_current)
         _atexit_registered = True
-
-
-def watch(
-    interval: float = 1.0,
-    log: str | os.PathLike[str] | None = None,
-    gpus: int | str | Sequence[int] | None = None,
-    window: float = 300.0,
-    *,
-    cells: bool = True,
-    shell: Any = None,
-    price: float | None = None,
-    idle_alert: float | str | None = None,
-    on_idle: Callable[[Alert], object] | None = None,
-) -> Watcher:
-    """Start watching (replacing any running watcher) and return the started ``Watcher``.
-
-    ``interval``: seconds between samples (floor 0.1). ``log``: CSV path, one row per device
-    per sample. ``gpus``: CUDA indexes to watch (default every visible GPU). ``window``:
-    seconds of history kept in memory and drawn. ``shell``: the IPython shell whose cells
-    to mark (``get_ipython()`` in a notebook; none are marked without it). Bad input
-    raises ValueError before any thread starts. ``stop()`` on the watcher returns a
-    ``WatchResult``. ``price`` ($/h), ``idle_alert`` (``"30m"``) and ``on_idle(alert)``:
-    the cost of each cell and of the idle time, and an alert when the instance sits idle.
-    """
-    return Watcher(
-        interval,
-        log,
-        gpus,
-        window,
-        cells=cells,
-        shell=shell,
-        price=price,
-        idle_alert=idle_alert,
-        on_idle=on_idle,
-    ).start()
 
 
 def current() -> Watcher | None:
@@ -577,7 +582,8 @@ def current() -> Watcher | None:
 
 
 def stop_current() -> WatchResult | None:
-    """Stop the running watcher, if any (for ``on_unload`` and kernel shutdown)."""
+    """Stop the running watcher, if any (``%unload_ext`` and kernel shutdown); a metrics
+    endpoint serving it stops with it."""
     with _current_lock:
         watcher = _current
     return watcher.stop() if watcher is not None else None

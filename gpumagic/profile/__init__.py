@@ -25,6 +25,7 @@ from gpumagic.profile.trace.errors import TraceError
 _LAZY = {
     "load_trace": ("gpumagic.profile.load", "load_trace"),
     "from_profiler": ("gpumagic.profile.load", "from_profiler"),
+    "RankTaskError": ("gpumagic.profile.ranks", "RankTaskError"),
     "ProfileResult": ("gpumagic.profile.result", "ProfileResult"),
     "ProfileSummary": ("gpumagic.profile.summary", "ProfileSummary"),
     "Comparison": ("gpumagic.profile.compare", "Comparison"),

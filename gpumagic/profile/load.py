@@ -7,10 +7,17 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
-from gpumagic.profile.ranks import LoadOptions, Rank, analyse_file, number_ranks, reduce_ranks
+from gpumagic.profile.ranks import (
+    LoadOptions,
+    Rank,
+    analyse_file,
+    number_ranks,
+    numbering_notes,
+    reduce_ranks,
+)
 from gpumagic.profile.result import ProfileResult
-from gpumagic.profile.trace.decode import trace_files
 from gpumagic.profile.trace.errors import TraceError
+from gpumagic.profile.trace.folders import trace_files, unreadable_entries
 from gpumagic.profile.trace.session import LiveState
 from gpumagic.profile.trace.spans import CodeLabels
 
@@ -53,23 +60,32 @@ def load_trace(
     reads rank ``n``. With a process pool, a script that calls this at its top level needs
     the usual ``if __name__ == "__main__":`` guard.
 
+    A directory's entries named like traces that are no files (a broken link) are left out
+    with a note; ranks are numbered by what each file says (``distributedInfo.rank``), then
+    by its name, and a note says which file got another number than it claims (a copy).
+
     Raises :class:`TraceError` (a ``ValueError``) naming the file and the reason when
-    the input is missing, empty, truncated, not JSON, or not a trace.
+    the input is missing, empty, truncated, not JSON, or not a trace, and
+    :class:`~gpumagic.profile.ranks.RankTaskError` (a ``RuntimeError``) naming the file when
+    an executor's task for a rank fails otherwise (a worker lost; the error is its cause).
     """
     p = Path(path).expanduser()
     if p.is_dir():
         files = trace_files(p)
+        left_out = unreadable_entries(p)
         if not files:
-            raise TraceError(p, "the directory holds no trace files (*.json, *.json.gz)")
+            why = "the directory holds no trace files (*.json, *.json.gz)"
+            raise TraceError(p, "; ".join([why, *left_out]))
         options = LoadOptions(step_marks, mark_limit, skip_first, labels, keep_startup)
         reduced = reduce_ranks(files, options, executor)
-        numbers = number_ranks([s.declared_rank for s in reduced.summaries], files)
-        result = ProfileResult(
-            [Rank(n, summary=s, options=options) for n, s in zip(numbers, reduced.summaries)],
-            str(p),
-            live,
-        )
+        declared = [s.declared_rank for s in reduced.summaries]
+        numbers = number_ranks(declared, files)
+        # by number: a copy numbered past the others, or rank-10 before rank-2 by name
+        order = sorted(range(len(numbers)), key=numbers.__getitem__)
+        ranks = [Rank(numbers[i], summary=reduced.summaries[i], options=options) for i in order]
+        result = ProfileResult(ranks, str(p), live)
         result.reduced_by = reduced.how
+        result.notes[:0] = left_out + numbering_notes(declared, files, numbers)
         if reduced.note:
             result.notes.append(reduced.note)
         return result

@@ -309,21 +309,71 @@ class Rank:
 # --- a directory of ranks --------------------------------------------------------------------
 
 
+def _name_rank(f: str | Path) -> int | None:
+    m = _RANK_IN_NAME.search(Path(f).name)
+    return int(m.group(1)) if m else None
+
+
+def _stem(f: str | Path) -> str:
+    name = Path(f).name
+    for suffix in (".json.gz", ".json", ".pt.trace"):
+        name = name.removesuffix(suffix)
+    return name
+
+
 def number_ranks(declared: Sequence[int | None], files: Sequence[str | Path]) -> list[int]:
-    """Each file's rank: ``distributedInfo.rank`` when the writer recorded it (and no earlier
-    file took it), else a number in the file name, else the position in the directory, or
-    the next number no file took (two files with one number would make one unreachable)."""
+    """Each file's rank: ``distributedInfo.rank`` when the writer recorded it, else a number
+    in the file name, else the position in the directory, or the next number no file took
+    (two files with one number would make one unreachable).
+
+    Where files declare one rank (a copy saved beside the original), the one whose name
+    says that number keeps it, ``rank-1.json.gz`` before ``rank-1-copy.json.gz``, then the
+    first in the directory: the others are numbered as undeclared (:func:`numbering_notes`
+    says so)."""
+
+    def claim_order(i: int) -> tuple[int, int]:
+        if _name_rank(files[i]) != declared[i]:
+            return (2, i)
+        return (0 if _stem(files[i]).endswith(str(declared[i])) else 1, i)
+
+    out: list[int | None] = [None] * len(files)
     seen: set[int] = set()
-    out: list[int] = []
-    for i, (rank, f) in enumerate(zip(declared, files)):
-        if rank is None or rank in seen:
-            m = _RANK_IN_NAME.search(Path(f).name)
-            rank = int(m.group(1)) if m and int(m.group(1)) not in seen else i
-            while rank in seen:
-                rank += 1
+    for i in sorted((i for i, r in enumerate(declared) if r is not None), key=claim_order):
+        rank = declared[i]
+        if rank is not None and rank not in seen:
+            seen.add(rank)
+            out[i] = rank
+    for i, f in enumerate(files):
+        if out[i] is not None:
+            continue
+        named = _name_rank(f)
+        rank = named if named is not None and named not in seen else i
+        while rank in seen:
+            rank += 1
         seen.add(rank)
-        out.append(rank)
-    return out
+        out[i] = rank
+    return [int(r) for r in out if r is not None]
+
+
+def numbering_notes(
+    declared: Sequence[int | None], files: Sequence[str | Path], numbers: Sequence[int]
+) -> list[str]:
+    """A note for each file numbered otherwise than it claims (``distributedInfo.rank``, or
+    its name's number when it declares none), naming the file that holds that number."""
+    holder = {n: Path(f).name for n, f in zip(numbers, files)}
+    notes = []
+    for rank, f, n in zip(declared, files, numbers):
+        claim, by = (rank, "says it is") if rank is not None else (_name_rank(f), "is named as")
+        if claim is None or claim == n:
+            continue
+        other = holder.get(claim)
+        notes.append(
+            f"{Path(f).name} {by} rank {claim}, as {other} does: {other} is loaded as rank "
+            f"{claim} and {Path(f).name} as rank {n} (a copy of it? leave it out of the folder)"
+            if other is not None
+            else f"{Path(f).name} {by} rank {claim}: it is loaded as rank {n}"
+        )
+    return notes
 
 
 def usable_cpus() -> int:
@@ -389,7 +439,9 @@ def reduce_ranks(
         return Reduced([_checked(summarize_file(p, options)) for p in paths], "this process")
     try:
         with ProcessPoolExecutor(workers, mp_context=_pool_context()) as pool:
-            return Reduced(_collect(pool, paths, options), f"a pool of {workers} processes")
+            return Reduced(
+                _collect(pool, paths, options, own_pool=True), f"a pool of {workers} processes"
+            )
     except (BrokenProcessPool, OSError) as exc:
         # No subprocesses here (a sandbox without /dev/shm, a process limit): the same
         # summaries made in this process, one rank at a time, and the reason on the result.
@@ -401,10 +453,35 @@ def reduce_ranks(
         return Reduced([_checked(summarize_file(p, options)) for p in paths], "this process", note)
 
 
-def _collect(executor: Executor, paths: list[str], options: LoadOptions) -> list[RankSummary]:
+class RankTaskError(RuntimeError):
+    """An executor's task for one rank failed for a reason outside its trace (a worker node
+    lost, the executor's own error): the message names the file, the error is the cause."""
+
+    def __init__(self, path: str, cause: BaseException) -> None:
+        self.path = path
+        super().__init__(
+            f"{path}: the task analysing this rank failed ({type(cause).__name__}: {cause})"
+        )
+
+
+def _collect(
+    executor: Executor, paths: list[str], options: LoadOptions, own_pool: bool = False
+) -> list[RankSummary]:
+    """Each file's summary from ``executor``; an error that is not the trace's names the file
+    (issue 25: a Dask worker lost surfaced as a bare OSError). A broken pool of our own is
+    left as it is: :func:`reduce_ranks` then reads the ranks here."""
     futures = [executor.submit(summarize_file, p, options) for p in paths]
     try:
-        return [_checked(f.result()) for f in futures]
+        out = []
+        for path, f in zip(paths, futures):
+            try:
+                done = f.result()
+            except Exception as exc:
+                if own_pool and isinstance(exc, BrokenProcessPool):
+                    raise
+                raise RankTaskError(path, exc) from exc
+            out.append(_checked(done))
+        return out
     except BaseException:
         for f in futures:
             f.cancel()

@@ -47,7 +47,8 @@ def _decimate(
     return x.tolist(), [None if v != v else v for v in y.tolist()]
 
 
-def _series(name: str, x: np.ndarray, y: np.ndarray, color: str, fill: bool = False) -> Series:
+def series(name: str, x: np.ndarray, y: np.ndarray, color: str, fill: bool = False) -> Series:
+    """A chart's line, at most as many points as the plot has pixels."""
     xs, ys = _decimate(x, y)
     return Series(name, xs, ys, color=color, fill=fill)
 
@@ -61,10 +62,11 @@ def _max(y: np.ndarray) -> float:
     return float(np.nanmax(y)) if len(y) and not np.isnan(y).all() else math.nan
 
 
-def _bands(
+def bands(
     cells: Sequence[CellRecord], origin: float, x_lo: float, x_hi: float, now: float
 ) -> list[Band]:
-    bands = []
+    """The cells as shaded bands on a time axis (running, failed, done)."""
+    out = []
     for cell in cells:
         end = cell.end if cell.end is not None else now
         x0, x1 = cell.start - origin, end - origin
@@ -78,8 +80,8 @@ def _bands(
             color = _CELL_BAND
         label = f"{cell_name(cell)} {cell.source} ({fmt_seconds(cell.duration(now))})"
         # A cell shorter than a pixel still gets a visible sliver.
-        bands.append(Band(x0, max(x1, x0 + (x_hi - x_lo) / 400), label, color))
-    return bands
+        out.append(Band(x0, max(x1, x0 + (x_hi - x_lo) / 400), label, color))
+    return out
 
 
 ChartOf = Callable[..., Chart]  # (title, series, **Chart fields) -> a chart on the shared axis
@@ -102,8 +104,8 @@ def _gpu_row(label: str, v: np.ndarray, x: np.ndarray, chart: ChartOf) -> list[C
         chart(
             f"{label} util {fmt_percent(_latest(util))} (mem {fmt_percent(_latest(mutil))})",
             [
-                _series("memory util", x, mutil, PALETTE["muted"]),
-                _series("util", x, util, PALETTE["accent"], fill=True),
+                series("memory util", x, mutil, PALETTE["muted"]),
+                series("util", x, util, PALETTE["accent"], fill=True),
             ],
             y_max=100.0,
             y_format=_pct,
@@ -111,21 +113,21 @@ def _gpu_row(label: str, v: np.ndarray, x: np.ndarray, chart: ChartOf) -> list[C
         chart(
             f"memory {fmt_bytes(_latest(used))} (this kernel {fmt_bytes(_latest(proc))})",
             [
-                _series("used", x, used, PALETTE["accent"], fill=True),
-                _series("this kernel", x, proc, PALETTE["alloc"]),
+                series("used", x, used, PALETTE["accent"], fill=True),
+                series("this kernel", x, proc, PALETTE["alloc"]),
             ],
             y_max=_top(total),
             y_format=fmt_bytes,
         ),
         chart(
             f"temperature {fmt_celsius(_latest(temp))}",
-            [_series("temperature", x, temp, PALETTE["peak"])],
+            [series("temperature", x, temp, PALETTE["peak"])],
             y_min=None,
             y_format=fmt_celsius,
         ),
         chart(
             f"power {ratio(_latest(power), _latest(limit), fmt_watts)}",
-            [_series("power", x, power, PALETTE["free"], fill=True)],
+            [series("power", x, power, PALETTE["free"], fill=True)],
             y_max=_top(np.concatenate([power, limit])),
             y_format=fmt_watts,
         ),
@@ -139,8 +141,8 @@ def _host_row(v: np.ndarray, x: np.ndarray, chart: ChartOf) -> list[Chart]:
         chart(
             f"host CPU {fmt_percent(_latest(cpu))} (this kernel {fmt_percent(_latest(pcpu))})",
             [
-                _series("host", x, cpu, PALETTE["accent"], fill=True),
-                _series("this kernel", x, pcpu, PALETTE["alloc"]),
+                series("host", x, cpu, PALETTE["accent"], fill=True),
+                series("this kernel", x, pcpu, PALETTE["alloc"]),
             ],
             y_max=100.0,
             y_format=_pct,
@@ -148,8 +150,8 @@ def _host_row(v: np.ndarray, x: np.ndarray, chart: ChartOf) -> list[Chart]:
         chart(
             f"host RAM {ratio(_latest(used), _latest(total), fmt_bytes)}",
             [
-                _series("used", x, used, PALETTE["accent"], fill=True),
-                _series("this kernel", x, rss, PALETTE["alloc"]),
+                series("used", x, used, PALETTE["accent"], fill=True),
+                series("this kernel", x, rss, PALETTE["alloc"]),
             ],
             y_max=_top(total),
             y_format=fmt_bytes,
@@ -157,32 +159,33 @@ def _host_row(v: np.ndarray, x: np.ndarray, chart: ChartOf) -> list[Chart]:
     ]
 
 
-def _charts(snap: Snapshot, live: bool) -> list[list[Chart]]:
-    """One list of charts per device row (GPUs first, then the host)."""
+def axis(snap: Snapshot, live: bool) -> tuple[float, float, float, str]:
+    """(origin, x_lo, x_hi, caption): seconds before now (live) or since the first sample."""
     if live:
-        origin = snap.now
         # The axis grows with the data until it spans the window: a fresh watcher's first
         # seconds would otherwise be a sliver at the right edge of a 5-minute axis.
         seen = snap.now - float(snap.times[0]) if len(snap.times) else 0.0
         span = min(snap.window, max(seen, 10 * snap.interval, 5.0))
-        x_lo, x_hi = -span, 0.0
-        caption = f"last {fmt_seconds(span)}"
-    else:
-        origin = float(snap.times[0]) if len(snap.times) else snap.now
-        x_lo = 0.0
-        x_hi = max((float(snap.times[-1]) - origin) if len(snap.times) else 0.0, snap.interval)
-        caption = f"{fmt_seconds(x_hi)} from {fmt_clock(origin)}"
+        return snap.now, -span, 0.0, f"last {fmt_seconds(span)}"
+    origin = float(snap.times[0]) if len(snap.times) else snap.now
+    x_hi = max((float(snap.times[-1]) - origin) if len(snap.times) else 0.0, snap.interval)
+    return origin, 0.0, x_hi, f"{fmt_seconds(x_hi)} from {fmt_clock(origin)}"
+
+
+def _charts(snap: Snapshot, live: bool) -> list[list[Chart]]:
+    """One list of charts per device row (GPUs first, then the host)."""
+    origin, x_lo, x_hi, caption = axis(snap, live)
     x = snap.times - origin
-    bands = _bands(snap.cells, origin, x_lo, x_hi, snap.now)
+    shaded = bands(snap.cells, origin, x_lo, x_hi, snap.now)
 
     # Host only: its two charts are the whole panel, so they get the room four GPU charts would.
     host_only = all(d.kind != CUDA for d in snap.devices)
     width, height = (2 * CHART_W + 6, CHART_H + 36) if host_only else (CHART_W, CHART_H)
 
-    def chart(title: str, series: list[Series], **kw: Any) -> Chart:
-        alt = f"{title}: {_range(series, kw.get('y_format'))}, {caption}"
+    def chart(title: str, lines: list[Series], **kw: Any) -> Chart:
+        alt = f"{title}: {_range(lines, kw.get('y_format'))}, {caption}"
         return Chart(
-            series, width, height, title, caption, x_min=x_lo, x_max=x_hi, bands=bands, alt=alt, **kw
+            lines, width, height, title, caption, x_min=x_lo, x_max=x_hi, bands=shaded, alt=alt, **kw
         )
 
     return [
@@ -193,9 +196,9 @@ def _charts(snap: Snapshot, live: bool) -> list[list[Chart]]:
     ]
 
 
-def _range(series: list[Series], fmt: Any) -> str:
+def _range(lines: list[Series], fmt: Any) -> str:
     """The main line's peak and mean in words (the filled one: used memory, utilisation)."""
-    main = next((s for s in series if s.fill), series[0])
+    main = next((s for s in lines if s.fill), lines[0])
     values = [v for v in main.y if v is not None]
     if not values:
         return "no value yet"

@@ -1,10 +1,11 @@
-"""``%gpuwatch``'s live chart: a ``LiveView`` that follows a ``Watcher`` from the front end.
+"""``%gpuwatch``'s live view: a ``LiveView`` that follows a ``Watcher`` from the front end,
+whatever it reads (this machine, or a job through Prometheus).
 
 The sampler core publishes (``seq``, ``subscribe()``) and never draws (issue 8). This module
 is the other side: the view polls ``LiveFrame``, which rebuilds the frame only when ``seq``
 moved, and it subscribes to the watcher's stop to freeze the slot into a one-line note (the
 summary shows where ``stop`` was called). Only the glue imports this module; the core's
-results render through ``watch_status.py`` and ``watch_summary.py``, which stays free of IPython and widgets.
+results render through ``watch_views.py``, which stays free of IPython and widgets.
 """
 
 from __future__ import annotations
@@ -12,11 +13,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from gpumagic.device_kinds import CUDA
 from gpumagic.render.html import Note
 from gpumagic.render.live import LiveView
-from gpumagic.render.watch_status import LiveFrame
 from gpumagic.render.watch_summary import StoppedNote
+from gpumagic.render.watch_views import LiveFrame
 from gpumagic.units import fmt_clock, fmt_seconds
 
 if TYPE_CHECKING:
@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 MIN_REFRESH_S = 0.5
 
 
-def start_live_view(watcher: Watcher, delay: float = 0.0) -> LiveView:
-    """Show ``watcher``'s live chart in the current output, until the watcher stops.
+def start_view(watcher: Watcher, delay: float = 0.0) -> LiveView:
+    """Show ``watcher``'s live frame in the current output, until the watcher stops.
 
     In a terminal (or with ``GPUMAGIC_LIVE=off``) the view is off: it exists and renders on
     ``refresh()``, but shows nothing.
@@ -52,6 +52,17 @@ def start_live_view(watcher: Watcher, delay: float = 0.0) -> LiveView:
     return view
 
 
+def _watching(watcher: Watcher) -> str:
+    """What a watcher watches, in words: its GPUs, a job's GPUs and where from, or the host."""
+    gpus = watcher.gpus
+    hosts = {d.host for d in gpus if d.host is not None}
+    if hosts:
+        return f"{len(gpus)} GPUs on {len(hosts)} node(s) through {watcher.origin}"
+    if gpus:
+        return ", ".join(d.label for d in gpus)
+    return f"host CPU and RAM (no GPU panel: {watcher.reason})"
+
+
 def started_note(watcher: Watcher, previous: Watcher | None, live: bool) -> Note | None:
     """The line a start shows beside (or, in a terminal, instead of) the live chart: that
     the watch started, what it watches, and what became of the watch it replaced."""
@@ -63,10 +74,8 @@ def started_note(watcher: Watcher, previous: Watcher | None, live: bool) -> Note
         )
     if live:  # the chart says it started
         return Note(f"%gpuwatch: {replaced}", "watch-note") if replaced else None
-    gpus = [d.label for d in watcher.devices if d.kind == CUDA]
-    what = ", ".join(gpus) if gpus else f"host CPU and RAM (no GPU panel: {watcher.reason})"
     line = (
-        f"%gpuwatch started: every {fmt_seconds(watcher.interval)}, watching {what}"
+        f"%gpuwatch started: every {fmt_seconds(watcher.interval)}, watching {_watching(watcher)}"
         + (f", logging to {watcher.log_path}" if watcher.log_path else "")
         + "; %gpuwatch status shows the values now, %gpuwatch stop the summary"
     )

@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gpumagic.monitor.result import device_values
+from gpumagic.monitor.frames import device_values
 from gpumagic.render.sections import Box, Details, KeyValues, Paragraph, Section
 from gpumagic.render.table import Column, Table
 from gpumagic.units import (

@@ -1,6 +1,7 @@
-"""``%gpuwatch stop``: the summary of a whole watch (the charts from the first sample to
-the last, a row per cell that ran with its peaks, energy and cost, the alerts seen, the
-bill, who was on the GPUs at the stop) and the one line the live slot keeps."""
+"""``%gpuwatch stop``: the summary of a whole watch of this machine (the charts from the
+first sample to the last, a row per cell that ran with its peaks, energy and cost, the
+alerts seen, the bill, who was on the GPUs at the stop) and, for any watch, the one line
+the live slot keeps."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from gpumagic.device_kinds import CUDA
 from gpumagic.monitor.alerts import cell_note
-from gpumagic.monitor.result import utilization_of
+from gpumagic.monitor.machine import utilization_of
 from gpumagic.render import watch_panel as panel
 from gpumagic.render.html import NOTE_STYLE, Rendered, escape, wrap
 from gpumagic.render.sections import Figure, Paragraph, Report, Section
@@ -52,7 +53,7 @@ def _cells_table(result: WatchResult) -> Table:
 
     def peak_util(c: CellRecord) -> str:
         # on a box of several GPUs, say whose utilisation it is (this process's GPUs)
-        own = utilization_of(c, snap.devices) if c.utilization_rows and several else ""
+        own = utilization_of(c) if c.utilization_devices and several else ""
         return fmt_percent(c.peak_utilization) + (f" ({own})" if own else "")
 
     columns = [
@@ -76,8 +77,7 @@ def _cells_table(result: WatchResult) -> Table:
         ]
     cost = snap.cost
     if cost is not None and cost.price is not None:
-        price = cost.price
-        columns.append(Column("cost", lambda c: fmt_usd(price * c.duration(snap.now) / 3600.0)))
+        columns.append(Column("cost", lambda c: fmt_usd(cost.usd(c.duration(snap.now)))))
     columns.append(Column("", _cell_flag, align="left"))
 
     def highlight(c: CellRecord) -> str:
@@ -141,10 +141,17 @@ class StoppedNote(Rendered):
     def __init__(self, result: WatchResult, started: float, stopped: float) -> None:
         self.started, self.stopped = started, stopped
         self.log = result.log
+        snap = result.snapshot
+        # a job's: how many GPUs on how many nodes (this machine's are in the summary)
+        gpus = len(snap.gpu_rows)
+        self.what = f" ({gpus} GPUs on {len(snap.hosts)} node(s))" if snap.hosts else ""
 
     def _line(self) -> str:
         span = fmt_seconds(max(self.stopped - self.started, 0.0))
-        line = f"gpuwatch stopped at {fmt_clock(self.stopped)} after {span}; the summary is where it was stopped"
+        line = (
+            f"gpuwatch{self.what} stopped at {fmt_clock(self.stopped)} after {span}; "
+            "the summary is where it was stopped"
+        )
         return line + (f"; CSV log: {self.log}" if self.log else "")
 
     def _text(self) -> str:

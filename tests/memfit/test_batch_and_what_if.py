@@ -8,12 +8,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from memfit_models import ResNet, namespace, train_cell  # noqa: E402
+from real_run import measure, prepare_source  # noqa: E402
 
 from gpumagic.memory.fit.api import memfit  # noqa: E402
 from gpumagic.memory.fit.dry_run import dry_run  # noqa: E402
 from gpumagic.memory.fit.headroom import FRAGMENTATION  # noqa: E402
-from gpumagic.memory.fit.measure import measure  # noqa: E402
-from gpumagic.memory.fit.source import prepare_source  # noqa: E402
 
 MiB = 2**20
 

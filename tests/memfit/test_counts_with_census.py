@@ -10,12 +10,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from memfit_models import namespace, train_cell  # noqa: E402
+from real_run import measure, prepare_source  # noqa: E402
 
 from gpumagic.memory.categories import CATEGORIES as CENSUS  # noqa: E402
 from gpumagic.memory.fit.accounting import CATEGORIES  # noqa: E402
 from gpumagic.memory.fit.dry_run import ALL, dry_run  # noqa: E402
-from gpumagic.memory.fit.measure import measure  # noqa: E402
-from gpumagic.memory.fit.source import prepare_source  # noqa: E402
 
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU path")
 

@@ -187,6 +187,35 @@ def test_a_torch_cuda_call_without_a_gpu_stops_with_its_line(ip, run, ns):
     assert "torch.cuda calls need a GPU" in str(r.result.error_in_exec)
 
 
+def test_a_statement_that_does_not_compile_stops_before_any_dry_run(ip, run, ns):
+    # A plain cell runs the lines before a `return` outside a function, then fails there. A
+    # dry run sets no real name either way, so it runs nothing: the plain cell's error, shown
+    # as IPython shows it, no report, the namespace as it was (issue 25, item 16).
+    import re
+
+    from gpumagic import memfit
+
+    body = "x_ret = 1\nx = model(torch.randn(B, 3, 16, 16))\nreturn x\n"
+    ip.user_ns["x_ret"] = 0
+    ip.user_ns.pop("_memfit", None)
+    r = run(f"%%memfit --memory 8GiB\n{body}")
+    error = r.result.error_in_exec
+    assert ip.user_ns["x_ret"] == 0 and "x" not in ip.user_ns and "_memfit" not in ip.user_ns
+    assert r.outputs == []  # no report: nothing was dry-run
+    plain = run(body)
+    assert ip.user_ns["x_ret"] == 1  # what the plain cell does
+    expected = plain.result.error_before_exec
+    assert type(error) is type(expected) is SyntaxError
+    assert (error.msg, error.lineno) == (expected.msg, expected.lineno + 1)  # the magic line is 1
+    where = re.compile(r"Cell In\[\d+\], line \d+")
+    assert where.sub("", r.plain_stdout) == where.sub("", plain.plain_stdout)
+    assert "line 4" in r.plain_stdout
+    # from a script: the same error, before anything runs, its line counted from 1
+    with pytest.raises(SyntaxError, match="'return' outside function") as info:
+        memfit(body, {"model": ns["model"], "B": 2, "torch": torch, "x_ret": 0}, memory="8GiB")
+    assert info.value.lineno == 3
+
+
 def test_an_iterator_is_refused_not_advanced(ip, run, ns):
     run("batches = iter([torch.ones(2), torch.ones(3)])")
     r = run("%%memfit --memory 8GiB\nx = next(batches)\n")

@@ -1,7 +1,7 @@
 """A dry run's prediction against the same cell run for real, on the CPU: five model families,
 training with Adam and with SGD, and inference under ``torch.no_grad()``.
 
-The measured peak is issue 16's tensor census of the real run (``memory/fit/measure.py``: the
+The measured peak is issue 16's tensor census of the real run (``real_run.py`` beside: the
 engine ``%%memtrace`` reports with, exact bytes on the CPU; ``test_counts_with_census.py`` checks it against
 ``%%memtrace``'s own peak), the same engine the dry run counts with. The real runs are made
 with oneDNN off, as the dry run without a GPU is: oneDNN's LSTM keeps a workspace torch's
@@ -15,11 +15,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from memfit_models import FAMILIES, infer_cell, namespace, train_cell  # noqa: E402
+from real_run import measure, prepare_source  # noqa: E402
 
 from gpumagic.memory.fit.api import memfit  # noqa: E402
 from gpumagic.memory.fit.dry_run import dry_run  # noqa: E402
-from gpumagic.memory.fit.measure import measure  # noqa: E402
-from gpumagic.memory.fit.source import prepare_source  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

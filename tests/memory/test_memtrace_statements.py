@@ -372,11 +372,11 @@ def test_many_iterations_keep_the_timeline_bounded(ip, run):
 
 
 def test_live_view_html_from_probe_data(ip):
-    from gpumagic.cell import prepare
+    from gpumagic.cell import ShellCompiler, prepare
     from gpumagic.memory.run import MemtraceRun
     from gpumagic.render.memtrace import memtrace_live_html
 
-    prepared = prepare(ip, "x = torch.ones(2**24)\ny = 1\n", "%%memtrace", instrument=True)
+    prepared = prepare(ShellCompiler(ip), "x = torch.ones(2**24)\ny = 1\n", "%%memtrace", instrument=True)
     run = MemtraceRun(prepared.statements, ip.user_ns)
     try:
         probe = run.start()

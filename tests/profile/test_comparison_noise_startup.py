@@ -87,6 +87,83 @@ def test_many_steps_stay_cheap():
     assert d.interval[0] < 0.2 < d.interval[1]
 
 
+# A million steps a side, as a user may pass any two arrays to gpumagic.difference: the
+# peak RSS it adds and the time it takes, measured in a child so that neither this process's
+# earlier peak nor a MemoryError hides anything.
+MILLION = """
+import json, resource, sys, time
+import numpy as np
+import gpumagic
+
+rng = np.random.default_rng(11)
+a = rng.normal(100.0, 10.0, 10**6)
+out = []
+for b, statistic in ((a + 1.0, "shift"), (a + 5.0, "shift"), (a + 5.0, "mean")):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.perf_counter()
+    d = gpumagic.difference(a, b, statistic)
+    seconds = time.perf_counter() - t0
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    out.append(dict(seconds=seconds, grown_mib=grown / 1024, verdict=d.verdict,
+                    estimate=d.estimate, interval=d.interval, notes=list(d.notes)))
+print(json.dumps(out))
+"""
+
+
+def test_a_million_steps_a_side_stay_bounded_in_memory_and_time():
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", MILLION],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    same, slower, mean = json.loads(done.stdout)
+    for d in (same, slower, mean):
+        # about 2 s and 40 MiB here; generous for a loaded machine
+        assert d["seconds"] < 60 and d["grown_mib"] < 300, d
+        assert d["notes"] == [
+            "the interval comes from 10,000 of the 1,000,000 samples of a and 10,000 of the "
+            "1,000,000 samples of b, drawn at random (each run in proportion) to bound the work "
+            "at 10,000 values a side; an interval from fewer samples is wider, so the verdict "
+            "errs toward no difference. The estimate uses every sample."
+        ]
+    # +1% lies within the margin; +5% beyond it, and the interval holds it
+    assert same["verdict"] == "no difference" and same["estimate"] == pytest.approx(1.0, abs=0.1)
+    assert same["interval"][0] < 1.0 < same["interval"][1]
+    for d in (slower, mean):
+        assert d["verdict"] == "slower", d
+        assert d["interval"][0] < 5.0 < d["interval"][1], d
+        assert d["interval"][1] - d["interval"][0] < 2.0, d  # thinned, still tight
+
+
+def test_a_thinned_side_keeps_its_runs_and_their_noise():
+    rng = np.random.default_rng(12)
+    # three runs a side of 10^5 steps, each run shifted as a whole by up to +-10%
+    a = [rng.normal(10.0 * s, 0.2, 10**5) for s in (0.9, 1.0, 1.1)]
+    b = [rng.normal(10.0 * s, 0.2, 10**5) for s in (1.1, 0.95, 1.0)]
+    hierarchical = noise.difference(a, b)
+    flat = noise.difference(np.concatenate(a), np.concatenate(b))
+    width = lambda d: d.interval[1] - d.interval[0]  # noqa: E731
+    assert width(hierarchical) > 1.5 * width(flat)
+    assert hierarchical.samples == ((3, 300_000), (3, 300_000))  # what was given
+    assert "9,999 of the 300,000 samples of a" in hierarchical.notes[0]
+    runs, kept = noise.thinned(a, rng)
+    assert [len(r) for r in runs] == [3333] * 3 and kept == "9,999 of the 300,000"
+    # a side within the bound is left whole, and says nothing
+    whole = [a[0][:5000], a[1][:5000]]
+    assert noise.thinned(whole, rng) == (whole, "")
+    assert noise.difference(a[0][:500], b[0][:500]).notes == ()
+
+
 # --- comparisons of real and built traces ---------------------------------------------------
 
 

@@ -185,6 +185,21 @@ def test_whole_trace_is_one_step_without_marks(load):
     assert r.summary.steps == 1
 
 
+def test_flat_host_ops_with_launches_inside_render(tmp_path):
+    """No host op inside another (no step marks, no nesting) but launches inside the ops: the
+    host self times once failed to add the runtime's float times to numpy's int zeros."""
+    b = TraceBuilder()
+    for i in range(2):
+        t0 = 1000.0 + i * 5000
+        b.op("aten::mm", t0 + 10, 40)
+        b.launch("ampere_sgemm_128x64_nn", t0 + 15, t0 + 60, 500)
+    r = load_trace(b.write(tmp_path / "flat.json"))
+    assert r.summary.steps_from == "trace"
+    ops = r.ops.set_index("name")
+    assert ops.loc["aten::mm", "host_self_us"] == pytest.approx(2 * (40 - 5))
+    assert "aten::mm" in r.to_text()
+
+
 # --- bad input -------------------------------------------------------------------------------
 
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import gc
 import gzip
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 
 import pandas as pd
 import pytest
+from cell_outputs import run_showing
 from job_traces import write_job
 from profile_helpers import TraceBuilder
 
@@ -224,3 +225,131 @@ def test_every_rank_gets_its_own_number():
     assert number_ranks([1, None, None], ["a.json", "b.json", "rank-1.json"]) == [1, 2, 3]
     assert number_ranks([0, 0, None], ["x.json", "rank_5.json", "y.json"]) == [0, 5, 2]
     assert number_ranks([None, None], ["rank3.json", "rank-3.json"]) == [3, 1]
+
+
+# --- a folder as users leave it: broken links, copies, lost workers, corrupt numbers ----------
+
+
+def _small_rank(path, rank: int, *, mm_us: float = 20.0) -> None:
+    """A two-step rank that declares its number; ``mm_us`` is the first matmul's duration."""
+    b = TraceBuilder()
+    b.distributed = {"backend": "nccl", "rank": rank, "world_size": 3}
+    for i in range(2):
+        t0 = 1000.0 + i * 5000
+        b.op(f"ProfilerStep#{i}", t0, 2000, cat="user_annotation")
+        b.op("aten::mm", t0 + 10, mm_us if i == 0 else 20.0)
+        b.launch("ampere_sgemm_128x64_nn", t0 + 15, t0 + 40, 500)
+    b.write(path)
+
+
+def _gz(path):
+    path.with_name(path.name + ".gz").write_bytes(gzip.compress(path.read_bytes()))
+    path.unlink()
+
+
+@pytest.mark.parametrize("link", ["dangling", "loop"])
+def test_a_broken_link_is_left_out_with_a_note_naming_it(tmp_path, ip, run, link):
+    for rank in range(2):
+        _small_rank(tmp_path / f"rank-{rank}.json", rank)
+    target = tmp_path / "elsewhere" / "rank-2.json" if link == "dangling" else "rank-2.json"
+    (tmp_path / "rank-2.json").symlink_to(target)
+    why = (
+        f"is a link to {target}, which does not exist"
+        if link == "dangling"
+        else "is a link that loops back on itself"
+    )
+    r = load_trace(tmp_path)
+    assert r.ranks == [0, 1]
+    assert r.notes[0] == f"rank-2.json {why}: it was left out"
+    # as a user loads it
+    shown = run_showing(ip, run, f"%gpuprofile --load {tmp_path}")
+    assert shown.result.success
+    assert f"rank-2.json {why}: it was left out" in shown.plain()
+    # a folder of broken links alone says what it holds
+    for rank in range(2):
+        (tmp_path / f"rank-{rank}.json").unlink()
+    with pytest.raises(TraceError, match=r"holds no trace files .*; rank-2\.json is a link"):
+        load_trace(tmp_path)
+
+
+def test_a_copy_of_a_rank_leaves_the_original_its_number_and_is_named(tmp_path):
+    for rank in range(2):
+        _small_rank(tmp_path / f"rank-{rank}.json", rank)
+        _gz(tmp_path / f"rank-{rank}.json")
+    # saved beside the original, and first in the directory's order
+    (tmp_path / "rank-1-copy.json.gz").write_bytes((tmp_path / "rank-1.json.gz").read_bytes())
+    r = load_trace(tmp_path)
+    assert r.ranks == [0, 1, 2]
+    files = [s.file.rsplit("/", 1)[-1] for s in r.rank_summaries]
+    assert files == ["rank-0.json.gz", "rank-1.json.gz", "rank-1-copy.json.gz"]
+    assert r.notes[0] == (
+        "rank-1-copy.json.gz says it is rank 1, as rank-1.json.gz does: rank-1.json.gz is "
+        "loaded as rank 1 and rank-1-copy.json.gz as rank 2 (a copy of it? leave it out of "
+        "the folder)"
+    )
+    assert r.rank(1).source.endswith("/rank-1.json.gz")
+
+
+def test_a_file_named_for_a_rank_another_holds_is_named():
+    from gpumagic.profile.ranks import number_ranks, numbering_notes
+
+    files = ["rank-0.json", "rank-1-copy.json", "rank-1.json", "x.json"]
+    declared = [0, 1, 1, None]
+    numbers = number_ranks(declared, files)
+    assert numbers == [0, 2, 1, 3]
+    notes = numbering_notes(declared, files, numbers)
+    assert len(notes) == 1 and notes[0].startswith("rank-1-copy.json says it is rank 1")
+    # undeclared: the name's number, said when another file holds it
+    assert number_ranks([None, None], ["rank3.json", "rank-3.json"]) == [3, 1]
+    assert numbering_notes([None, None], ["rank3.json", "rank-3.json"], [3, 1]) == [
+        "rank-3.json is named as rank 3, as rank3.json does: rank3.json is loaded as rank 3 "
+        "and rank-3.json as rank 1 (a copy of it? leave it out of the folder)"
+    ]
+
+
+class _LostWorkers(Executor):
+    """An executor whose every task fails as a cluster's does when a node goes away."""
+
+    def submit(self, fn, /, *args, **kwargs):
+        done: Future = Future()
+        done.set_exception(OSError("worker node lost"))
+        return done
+
+
+def test_an_executor_whose_tasks_fail_names_the_rank_file(tmp_path):
+    for rank in range(2):
+        _small_rank(tmp_path / f"rank-{rank}.json", rank)
+    with pytest.raises(RuntimeError, match=r"rank-0\.json") as failed:
+        load_trace(tmp_path, executor=_LostWorkers())
+    assert type(failed.value) is _rank_task_error()
+    assert str(failed.value) == (
+        f"{tmp_path / 'rank-0.json'}: the task analysing this rank failed "
+        "(OSError: worker node lost)"
+    )
+    assert isinstance(failed.value.__cause__, OSError)  # the cluster's own error, kept
+
+
+def _rank_task_error():
+    import gpumagic.profile
+
+    return gpumagic.profile.RankTaskError  # where a script finds it, beside TraceError
+
+
+@pytest.mark.parametrize("dur", [1e308, 1.7e308, 1e11])
+def test_an_absurd_duration_ends_with_the_trace_and_is_named(tmp_path, ip, run, dur):
+    for rank in range(2):
+        _small_rank(tmp_path / f"rank-{rank}.json", rank, mm_us=dur if rank == 0 else 20.0)
+    note = (
+        f"rank-0.json: 1 event lasts longer than a day (aten::mm, written as {dur:.3g} µs), "
+        "which no profiler records: it ends where the trace's other events end."
+    )
+    one = load_trace(tmp_path / "rank-0.json")
+    assert one.notes == [note]
+    assert one.summary.wall_time_us == 7000.0  # the other events' extent
+    job = load_trace(tmp_path)
+    assert note in job.notes
+    for r in (one, job):  # every number of the report is finite: it renders
+        assert "inf" not in r.to_text() and note in r.to_text()
+    shown = run_showing(ip, run, f"%gpuprofile --load {tmp_path / 'rank-0.json'}")
+    assert shown.result.success and note in shown.plain()
+    assert "1 event lasts longer than a day (aten::mm, written as" in shown.html()

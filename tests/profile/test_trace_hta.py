@@ -3,9 +3,10 @@
 HTA's assertions and analyses, run side by side with ours on its test traces, found three
 kinds of trace read wrongly: epoch-µs timestamps with nanosecond digits (precision lost in
 float64), Meta's MTIA accelerator (its device events unrecognised: a CPU-only report), and
-kernels recorded only by CUPTI's range profiler (a CPU-only report without a word). Each is
-checked here on HTA's real trace, and on a trace built from a few events where that says
-it more exactly.
+kernels recorded only by CUPTI's range profiler (a CPU-only report without a word); and
+later MTIA's inference trace, whose runtime spans hold other runtime spans (an IndexError,
+issue 25). Each is checked here on HTA's real trace, and on a trace built from a few events
+where that says it more exactly (and where CI, offline, cannot fetch the real one).
 """
 
 from __future__ import annotations
@@ -232,6 +233,53 @@ def test_hta_mtia_trace_agrees_with_htas_temporal_breakdown():
     assert not s.cpu_only
     assert s.breakdown_percent["Kernel"] == pytest.approx(7305596 * 100 / 13328347, abs=0.05)
     assert any("MTIA accelerator" in n for n in result.notes)
+
+
+def _mtia_inference_trace(path: Path) -> Path:
+    """The shape of HTA's MTIA inference trace, in a few events: runtime spans that hold
+    other runtime spans, operators and runtime calls (gif_merge holds predictor_executor::run,
+    which holds Stage::runMerge and a recordEvent), each launch with its device event."""
+    rt = "mtia_runtime"
+    events = [
+        _event("X", "cpu_op", "forward", "1000.000", "1000.000", pid=5, tid=5, args={}),
+        _event("X", rt, "gif_merge", "1010.000", "900.000", pid=5, tid=5, args={"correlation": 1}),
+        _event("X", rt, "predictor_executor::run", "1020.000", "800.000", pid=5, tid=5, args={"device": 17}),
+        _event("X", "cpu_op", "Stage::runMerge", "1030.000", "600.000", pid=5, tid=5, args={}),
+        _event("X", rt, "runFunction - job_prep_and_submit_for_execution", "1040.000", "10.000", pid=5, tid=5, args={"correlation": 7}),
+        _event("X", rt, "recordEvent", "1700.000", "10.000", pid=5, tid=5, args={"correlation": 8}),
+        _event("X", "mtia_ccp_events", "fc-dtype_Float", "1100.000", "300.000", pid=9, tid=4, args={"correlation": 7, "stream": 1}),
+        _event("X", "mtia_ccp_events", "fc-dtype_Half", "1750.000", "100.000", pid=9, tid=4, args={"correlation": 8, "stream": 1}),
+    ]
+    return _write(path, events)
+
+
+def test_runtime_spans_holding_runtime_spans_give_operators_their_device_time(tmp_path):
+    """A runtime call is never a parent: what it holds belongs to the nearest operator above
+    it, however many runtime spans lie between (an IndexError before, issue 25)."""
+    result = load_trace(_mtia_inference_trace(tmp_path / "mtia_inference.json"))
+    ops = result.ops.set_index("name")
+    # runMerge launched the 300 µs kernel; forward holds it and the recordEvent's 100 µs
+    assert ops.loc["Stage::runMerge", "device_total_us"] == pytest.approx(300.0)
+    assert ops.loc["forward", "device_total_us"] == pytest.approx(400.0)
+    assert "Stage::runMerge" in result.to_text()
+    host_par, rt_par = result.primary.parents  # operators' indexes, or -1
+    assert host_par.tolist() == [-1, 0] and rt_par.tolist() == [0, 0, 1, 0]
+
+
+def test_hta_mtia_inference_trace_loads():
+    """HTA's mtia_inference_trace: nested runtime spans (an IndexError before, issue 25)."""
+    result = load_trace(trace_path("mtia_inference.json.gz"))
+    trace = result.primary.trace
+    assert int((trace.gpu.kind == KERNEL).sum()) + int((trace.gpu.kind == MEMCPY).sum()) == 1313
+    s = result.summary
+    assert not s["cpu_only"] and s["devices"] == ["ARTEMIS"]
+    assert any("MTIA accelerator" in n for n in result.notes)
+    ops = result.ops
+    # every launch's device time lands on an operator: the table's total is the kernels'
+    launched = result.primary.launch_op >= 0
+    device = (trace.gpu.end - trace.gpu.ts)[launched].sum()
+    assert int(launched.sum()) == 112 and ops["device_self_us"].sum() == pytest.approx(device)
+    assert "ARTEMIS" in result.to_text()
 
 
 # -- CUPTI's range profiler -----------------------------------------------------------------------

@@ -140,7 +140,7 @@ def test_price_costs_every_cell_and_the_summary(ip, run):
 
 def test_idle_alert_fires_on_the_host_path(ip, run):
     from gpumagic.monitor import current
-    from gpumagic.render.watch_status import LiveFrame
+    from gpumagic.render.watch_views import LiveFrame
 
     r = run("%gpuwatch -i 0.1 --price 2 --idle-alert 0.4")
     assert r.result.success, r.result.error_in_exec

@@ -11,7 +11,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import psutil
 import pytest
 from watch_helpers import wait_for
@@ -19,7 +18,6 @@ from watch_nvml_double import MIB, gpu
 
 from gpumagic.monitor import Watcher, watch
 from gpumagic.monitor import choose as choose_mod
-from gpumagic.monitor import metrics as M
 from gpumagic.monitor.cells import CellMarks
 from gpumagic.monitor.choose import select_gpus
 from gpumagic.monitor.cost import CostMeter
@@ -226,11 +224,10 @@ def test_a_failing_on_idle_callback_becomes_a_note() -> None:
     def boom(alert: Any) -> None:
         raise RuntimeError("pager down")
 
-    meter = CostMeter(devices, [], None, None, 0.5, on_idle=boom)
+    meter = CostMeter(devices, None, 0.5, on_idle=boom)
     marks = CellMarks()
-    block = np.full((1, M.N_METRICS), np.nan)
     for t in (10.0, 10.3, 10.6):
-        meter.sample(t, block, marks, False)
+        meter.sample(t, marks, None, False, None)  # the host's row tells the meter nothing
     assert meter.alert is not None and meter.callback_error is not None
     assert "pager down" in meter.callback_error
 

@@ -13,7 +13,7 @@ import pytest
 from watch_helpers import wait_for, watch_threads
 
 import gpumagic
-from gpumagic.monitor import Watcher, current, stop_current, watch
+from gpumagic.monitor import Watcher, current, machine_sources, stop_current, watch
 from gpumagic.monitor import metrics as M
 from gpumagic.monitor.ring import Ring, capacity_for
 
@@ -125,9 +125,9 @@ def test_bad_window_and_gpus() -> None:
     with pytest.raises(ValueError, match="window"):
         Watcher(window=-3)
     with pytest.raises(ValueError, match="unknown GPU index 0: available CUDA indexes are none"):
-        Watcher(gpus=[0])
+        Watcher(machine_sources(gpus=[0]))
     with pytest.raises(ValueError, match="integers"):
-        Watcher(gpus="zero")
+        Watcher(machine_sources(gpus="zero"))
 
 
 def test_bad_input_keeps_the_running_watcher() -> None:
@@ -177,7 +177,7 @@ def test_thread_cpu_cost_is_measured() -> None:
 
 def test_pid_is_this_process() -> None:
     w = Watcher(cells=False)
-    assert w._host._proc.pid == os.getpid()
+    assert w.sources[-1].reader._proc.pid == os.getpid()
 
 
 # -- publishing: what a front end follows without the watcher knowing it (issue 8) ----------

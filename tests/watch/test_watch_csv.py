@@ -13,8 +13,8 @@ import pytest
 from watch_helpers import wait_for, watch_threads
 from watch_nvml_double import MIB, gpu
 
-from gpumagic.monitor import Watcher, current, watch
-from gpumagic.monitor.csvlog import columns
+from gpumagic.monitor import Watcher, csvlog, current, watch
+from gpumagic.monitor.machine import MACHINE
 
 HOST_COLUMNS = [
     "timestamp",
@@ -78,7 +78,7 @@ def test_gpu_log_columns_and_rows_per_sample(
     w.stop()
     rows = read_rows(path)
     header = rows[0]
-    assert header == columns(with_gpus=True)
+    assert header == csvlog.header(MACHINE, with_gpus=True)
     for name in (
         "utilization.gpu [%]",
         "utilization.memory [%]",

@@ -13,7 +13,7 @@ import pytest
 from watch_helpers import wait_for
 from watch_nvml_double import MIB, gpu
 
-from gpumagic.monitor import Watcher, watch
+from gpumagic.monitor import Watcher, machine_sources, watch
 from gpumagic.monitor import metrics as M
 from gpumagic.monitor.devices import parse_visible_devices
 from gpumagic.monitor.nvml import describe_init_error
@@ -113,7 +113,7 @@ def test_transient_error_is_missing_for_one_sample(fake_nvml: Any) -> None:
     assert math.isnan(latest(w, 0, "temperature")) and latest(w, 0, "utilization_gpu") == 50
     w.sample_now()
     assert latest(w, 0, "temperature") == 60
-    assert w._gpu_readers[0].errors == 1
+    assert w.sources[0].readers[0].errors == 1
     assert any("1 failed NVML call" in n and "nvmlDeviceGetTemperature" in n for n in w.notes())
 
 
@@ -255,13 +255,13 @@ def test_visible_devices_mapping_shows_both_indexes(
     w.sample_now()
     frame = w.result().samples
     assert list(frame["index"][:2]) == [2, 0] and list(frame["cuda_index"][:2]) == [0, 1]
-    only = Watcher(gpus=[1], cells=False)
+    only = Watcher(machine_sources(gpus=[1]), cells=False)
     assert [(d.cuda_index, d.nvml_index) for d in only.devices if d.kind == "cuda"] == [(1, 0)]
     with pytest.raises(
         ValueError,
         match=r"unknown GPU index 3: available CUDA indexes are 0 \(Fake 2\), 1 \(Fake 0\)",
     ):
-        Watcher(gpus="0,3")
+        Watcher(machine_sources(gpus="0,3"))
 
 
 def test_visible_devices_hiding_everything(fake_nvml: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -292,12 +292,12 @@ def test_process_memory_in_a_pid_namespace_is_unknown(
 ) -> None:
     # NVML lists host PIDs; inside a container none matches os.getpid().
     fake_nvml([gpu(procs=[(999_999, 2048 * MIB)])])
-    monkeypatch.setattr("gpumagic.monitor.watcher.cuda_in_use", lambda: True)
+    monkeypatch.setattr("gpumagic.monitor.nvml_source.cuda_in_use", lambda: True)
     w = Watcher(cells=False)
     w.sample_now()
     assert math.isnan(latest(w, 0, "process_memory_used"))
     assert any("PID namespace" in n for n in w.notes())
-    monkeypatch.setattr("gpumagic.monitor.watcher.cuda_in_use", lambda: False)
+    monkeypatch.setattr("gpumagic.monitor.nvml_source.cuda_in_use", lambda: False)
     w.sample_now()
     assert latest(w, 0, "process_memory_used") == 0  # no CUDA here: really nothing
 

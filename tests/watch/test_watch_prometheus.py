@@ -30,17 +30,19 @@ from watch_nvml_double import MIB, gpu
 
 from gpumagic.device_kinds import CUDA
 from gpumagic.monitor import (
-    JobResult,
-    JobStatus,
-    JobWatcher,
     PrometheusError,
+    PrometheusSource,
+    Watcher,
+    WatchResult,
+    WatchStatus,
     current,
-    dcgm,
     serve_metrics,
     stop_current,
     watch,
 )
-from gpumagic.monitor.job_result import SERIES_COLUMNS
+from gpumagic.monitor.job import dcgm
+
+SERIES_COLUMNS = ["time", "metric", "Hostname", "gpu", "UUID", "modelName", "value"]
 
 pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason=NO_PROMETHEUS)
 
@@ -94,31 +96,31 @@ def test_the_job_view_reads_two_nodes_through_prometheus(cluster, wshell, tmp_pa
         price=2.5,
         shell=wshell,
     )
-    assert isinstance(w, JobWatcher) and current() is w
+    assert isinstance(w, Watcher) and current() is w
     assert sorted(g.label for g in w.gpus) == [
         f"{h} GPU {i}" for h in ("node-a", "node-b") for i in range(4)
     ]
     # dcgm-exporter's default counters have no SM_ACTIVE: said, not invented
     assert any("DCGM_FI_PROF_SM_ACTIVE" in n for n in w.notes())
     wshell.run_cell("import time; time.sleep(3.2)", store_history=True)
-    assert wait_for(lambda: w.polls >= 5, 10)
+    assert wait_for(lambda: w.samples_taken >= 5, 10)
 
     status = w.status()
-    assert isinstance(status, JobStatus)
+    assert isinstance(status, WatchStatus)
     kinds = {(a.kind, a.device) for a in status.alerts}
     assert ("straggler", "node-b GPU 2") in kinds
     assert ("xid", "node-a GPU 1") in kinds
     assert next(a for a in status.alerts if a.kind == "straggler").device == "node-b GPU 2"
-    text = repr(status)
+    text = str(status)
     assert "node-b GPU 2 at" in text and "XID error 13" in text
     gpus = status.gpus.set_index(["Hostname", "gpu"])
     assert gpus.loc[STRAGGLER, "utilization"] in _served(cluster, *STRAGGLER, dcgm.UTIL)
     assert gpus.loc[("node-a", "0"), "modelName"] == "NVIDIA H100 80GB HBM3"
 
     # the live frame: rebuilt only when a sample came in
-    from gpumagic.render.job import JobLiveFrame
+    from gpumagic.render.watch_views import LiveFrame
 
-    frame = JobLiveFrame(w)
+    frame = LiveFrame(w)
     first = frame()
     assert "node-a" in first and "node-b GPU 2 at" in first and len(svg_images(first)) == 8
     assert frame() is first or w.seq != frame._cached[0]
@@ -127,7 +129,7 @@ def test_the_job_view_reads_two_nodes_through_prometheus(cluster, wshell, tmp_pa
         serve_metrics(0)
 
     result = w.stop()
-    assert isinstance(result, JobResult) and current() is None
+    assert isinstance(result, WatchResult) and current() is None
     series = result.series
     assert list(series.columns) == SERIES_COLUMNS
     assert set(series["metric"]) == {f.name for f in dcgm.JOB_FIELDS} - {dcgm.SM_ACTIVE}
@@ -180,7 +182,7 @@ def test_the_job_view_reads_two_nodes_through_prometheus(cluster, wshell, tmp_pa
     from gpumagic.render import job as job_view
 
     monkeypatch.setattr(job_view, "CHARTS_UP_TO", 4)
-    compact = job_view.result_html(result)
+    compact = result._repr_html_()
     assert len(svg_images(compact)) == 1 and "median (filled)" in compact
     assert compact.count('title="node-') == 8 and "2px solid #d9534f" in compact
 
@@ -206,7 +208,7 @@ def test_serve_metrics_is_what_prometheus_scrapes(cluster, fake_nvml, wshell):
         lambda r: r and float(r[0]["value"][1]) >= 5,
     )
     # the job view reads this endpoint's series too, and names what dcgm-exporter has and it lacks
-    job = JobWatcher(cluster.url, 'job="gpumagic"', interval=1.0)
+    job = Watcher([PrometheusSource(cluster.url, 'job="gpumagic"')], interval=1.0)
     assert [g.label for g in job.gpus] == [
         f"{socket.gethostname()} GPU 0",
         f"{socket.gethostname()} GPU 1",
@@ -343,15 +345,15 @@ def test_gpuwatch_prometheus_through_the_magic(cluster, run, ip):
 
     r = run(f"%gpuwatch --prometheus {cluster.url} --selector 'job=\"dcgm\"' -i 1 --price 3")
     assert r.result.success, r.result.error_in_exec
-    assert isinstance(current(), JobWatcher)
+    assert isinstance(current(), Watcher) and current().layout.view == "job"
     run("import time; time.sleep(1.5)")
     r = run("%gpuwatch status")
-    assert isinstance(r.result.result, JobStatus)
+    assert isinstance(r.result.result, WatchStatus)
     assert "node-b GPU 2" in r.result.result._repr_mimebundle_()["text/html"]
     r = run("%gpuwatch stop -o")
     result = r.result.result
-    assert isinstance(result, JobResult) and result is ip.user_ns["_gpuwatch"]
-    assert result.snapshot.price == 3.0 and current() is None
+    assert isinstance(result, WatchResult) and result is ip.user_ns["_gpuwatch"]
+    assert result.cost.price == 3.0 and current() is None
     assert len(result.gpus) == 8 and result.gpus["straggler"].sum() == 1
 
     for line, expected in [
@@ -396,7 +398,7 @@ def test_values_of_dcgm_units_and_blanks():
 
 
 def test_straggler_thresholds():
-    from gpumagic.monitor.job_stats import energy_deltas, stragglers_in
+    from gpumagic.monitor.job.stats import energy_deltas, stragglers_in
 
     found, median = stragglers_in(np.array([96.0, 97, 95, 31, 98, np.nan]))
     assert median == 96 and [s.gpu for s in found] == [3]

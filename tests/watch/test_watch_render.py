@@ -12,8 +12,8 @@ from svg_images import inline_svg
 from watch_nvml_double import MIB, gpu
 
 from gpumagic.monitor import Watcher, watch
-from gpumagic.render.watch_live import start_live_view
-from gpumagic.render.watch_status import LiveFrame, live_html
+from gpumagic.render.watch_live import start_view
+from gpumagic.render.watch_views import LiveFrame, live_html
 
 
 @pytest.fixture
@@ -107,7 +107,7 @@ def test_render_live_is_cheap() -> None:
 def test_start_view_feeds_a_live_view_and_stop_finishes_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUMAGIC_LIVE", "off")  # a terminal: the view exists but shows nothing
     w = watch(interval=0.1, cells=False)
-    view = start_live_view(w)
+    view = start_view(w)
     frame = view._render()
     assert frame is not None and 'class="gpumagic gpumagic-watch"' in frame
     assert view.error is None
@@ -127,7 +127,7 @@ def test_live_view_follows_the_watcher_and_its_stop_freezes_the_slot(
     monkeypatch.setenv("GPUMAGIC_LIVE", "display")  # a display slot, updated in place
     with capture_output() as cap:
         w = watch(interval=0.1, cells=False)
-        view = start_live_view(w)
+        view = start_view(w)
         assert view.running
         deadline = time.monotonic() + 5
         while view.pushes < 2 and time.monotonic() < deadline:

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpumagic.cell import PreparedCell
+from gpumagic.cell import PreparedCell, PythonCompiler, prepare
 from gpumagic.memory.fit.accounting import CATEGORIES
 from gpumagic.memory.fit.allocator import AllocatorModel
 from gpumagic.memory.fit.batch import BatchPoint, largest_batch
@@ -196,7 +196,6 @@ def memfit(
     >>> fit = gpumagic.memfit("loss = model(x).sum()\\nloss.backward()", globals(), gpu="A100 80GB")
     >>> fit.peak_bytes, fit.fits
     """
-    from gpumagic.memory.fit.source import prepare_source
     from gpumagic.memory.fit.what_if import parse_fixes
 
     fixes = parse_fixes(what_if) if isinstance(what_if, str) else list(what_if)
@@ -207,7 +206,9 @@ def memfit(
         what_if=fixes,
         timeout_s=timeout_s,
     )
-    return predict(prepare_source(source), namespace if namespace is not None else {}, opts)
+    # plain Python: no IPython syntax; tracebacks read the source from linecache as <memfit-N>
+    prepared = prepare(PythonCompiler("memfit"), source, None, instrument=True, raise_compile_errors=True)
+    return predict(prepared, namespace if namespace is not None else {}, opts)
 
 
 __all__ = ["CATEGORIES", "FitOptions", "memfit", "predict", "resolve_target"]

@@ -95,14 +95,6 @@ class _Clock:
         return self.current
 
 
-class _Namespace:
-    """What :func:`gpumagic.cell.execute` reads off a shell: the namespace to run in."""
-
-    def __init__(self, ns: dict[str, Any]) -> None:
-        self.user_global_ns = ns
-        self.user_ns = ns
-
-
 @dataclass
 class DryRun:
     """What one dry run found. ``accounting`` is the engine's answer; ``error`` the exception
@@ -252,7 +244,7 @@ def _runner(
             devices.relabelled = probe.census.adopt
         try:
             with ctx:
-                return execute(_Namespace(shadow.namespace), prepared, probe)
+                return execute(shadow.namespace, prepared, probe)
         finally:
             if devices is not None:
                 devices.relabelled = None

@@ -216,13 +216,16 @@ class Analysis:
             np.concatenate([host.end, rt.end]),
             np.concatenate([host.thread, rt.thread]),
         )
-        host_par, rt_par = par[:n], par[n:]
-        # a runtime call is a leaf: nothing nests inside it, and it is never a parent
-        if (host_par >= n).any():
-            host_par = host_par.copy()
-            bad = host_par >= n
-            host_par[bad] = rt_par[host_par[bad] - n]
-        return host_par, rt_par
+        # A runtime call is never a parent: what nests inside one belongs to the runtime
+        # call's own parent. MTIA's runtime spans nest deeper (gif_merge holds
+        # predictor_executor::run, which holds operators and other runtime calls), so the
+        # parent is taken up the chain until it is an operator or none: one step up left
+        # runtime indexes among the host's (an IndexError on HTA's MTIA inference trace).
+        bad = np.flatnonzero(par >= n)
+        while len(bad):
+            par[bad] = par[par[bad]]
+            bad = bad[par[bad] >= n]
+        return par[:n], par[n:]
 
     @cached_property
     def depth(self) -> np.ndarray:
@@ -364,11 +367,13 @@ class Analysis:
         n = len(host.ts)
         host_par, rt_par = self.parents
         dur = host.end - host.ts
+        # float whatever the input: bincount of no rows (no host op nested in another) gives
+        # int64 zeros, which the runtime calls' float durations cannot be added to in place
         child = (
             np.bincount(host_par[host_par >= 0], weights=dur[host_par >= 0], minlength=n)[:n]
             if n
             else np.zeros(0)
-        )
+        ).astype(np.float64, copy=False)
         rt_dur = rt.end - rt.ts
         child += (
             np.bincount(rt_par[rt_par >= 0], weights=rt_dur[rt_par >= 0], minlength=n)[:n]

@@ -127,11 +127,12 @@ class Recorder:
         return self.steps > 0
 
     @property
-    def mark_limit(self) -> int | None:
-        """Without a schedule every ``step()`` closes ``ProfilerStep#N`` and opens the next,
-        so the last span is the cell's tail: only the first ``steps`` spans are steps. With a
-        schedule the recorded window ends on a ``step()`` call and has no tail."""
-        return None if self.options.scheduled else self.steps
+    def mark_limit(self) -> int:
+        """Every ``step()`` closes ``ProfilerStep#N`` and opens the next, so the span after the
+        last call is the cell's tail: only ``ProfilerStep#0`` to ``#steps-1`` are steps. A
+        schedule's window usually ends on a ``step()`` call, but not when the cell ends inside
+        it: its last span is then the tail too (issue 25)."""
+        return self.steps
 
     def start(self) -> Recorder:
         global _current
@@ -230,6 +231,15 @@ class Recorder:
         failure: Exception | None = None
         try:
             if self._started and not self.handed_over:
+                # The cell has ended, so no profiler start from now on is the cell's; and
+                # torch's own stop starts one: a schedule stopped in warm-up runs its (WARMUP,
+                # None) transition, start_trace then stop_trace, to end the Kineto session
+                # prepared for the window. Left installed, the handover took that start for
+                # the cell's own profiler and ran this stop() inside itself: the one Kineto
+                # session prepared for the window was started and stopped twice, and the
+                # second disable crashed the process (a segfault, issue 25).
+                if self._handover is not None:
+                    self._handover.remove()
                 self._synchronize_other_devices()
                 with _KINETO_LINES:
                     self._prof.stop()
@@ -379,6 +389,14 @@ class Recorder:
                 f"{self.device_stopped_at} of the {self.steps} the cell marked (Kineto's buffers "
                 "filled, or a device error): the trace covers only the cell's start. Record "
                 "fewer steps with --wait/--warmup/--active."
+            )
+        elif expected == 0:
+            opts = self.options
+            out.append(
+                f"The schedule (wait={opts.wait or 0}, warmup={opts.warmup or 0}) began "
+                f"recording at the cell's last gpumagic.step() call, of {self.steps}: the "
+                "trace holds only the code after it, no whole step "
+                f"({self.steps + 1} calls record one)."
             )
         elif expected is not None and steps_in_trace < expected:
             out.append(

@@ -4,6 +4,9 @@
   sync and memory events, the GPUs' properties);
 * :mod:`.decode` - reading a Chrome trace file (plain or gzip, old and new Kineto schemas,
   CUDA and ROCm) into that model: :func:`read_trace`, :func:`decode_trace`;
+* :mod:`.folders` - a folder of per-rank traces: its trace files (:func:`trace_files`),
+  and the entries named like traces that are no files;
+* :mod:`.durations` - an event longer than any profiler window ends with the trace;
 * :mod:`.args` - the events' ``args``, decoded per kind in one batch;
 * :mod:`.spans` - the cell's statement ranges and ``nn.Module`` spans, and their labels;
 * :mod:`.session` - facts about the session a trace cannot show (:class:`LiveState`);
@@ -21,7 +24,7 @@ _LAZY = {
     "decode_trace": ("gpumagic.profile.trace.decode", "decode_trace"),
     "read_trace": ("gpumagic.profile.trace.decode", "read_trace"),
     "read_trace_bytes": ("gpumagic.profile.trace.decode", "read_trace_bytes"),
-    "trace_files": ("gpumagic.profile.trace.decode", "trace_files"),
+    "trace_files": ("gpumagic.profile.trace.folders", "trace_files"),
     "CodeLabels": ("gpumagic.profile.trace.spans", "CodeLabels"),
     "CodeSpans": ("gpumagic.profile.trace.spans", "CodeSpans"),
     "LiveState": ("gpumagic.profile.trace.session", "LiveState"),

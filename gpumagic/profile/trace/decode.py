@@ -29,6 +29,7 @@ import numpy as np
 
 from gpumagic.profile.trace.args import GpuArgs, MemoryArgs, RuntimeArgs, decode_args
 from gpumagic.profile.trace.categories import event_kinds, trace_notes
+from gpumagic.profile.trace.durations import clip_absurd_durations
 from gpumagic.profile.trace.errors import TraceError
 from gpumagic.profile.trace.flows import correlate_by_flows
 from gpumagic.profile.trace.model import (
@@ -247,17 +248,6 @@ def _decode(
         raise TraceError(source, why) from None
 
 
-# tensorboard_trace_handler writes "<worker>.<timestamp>.pt.trace.json[.gz]"; plain
-# export_chrome_trace files are "*.json" or "*.json.gz".
-_TRACE_SUFFIXES = (".json", ".json.gz")
-
-
-def trace_files(directory: Path) -> list[Path]:
-    """The trace files of a directory of per-rank traces, in a stable order."""
-    files = [p for p in directory.iterdir() if p.is_file() and p.name.endswith(_TRACE_SUFFIXES)]
-    return sorted(files, key=lambda p: p.name)
-
-
 def read_trace(path: str | Path) -> Trace:
     """Decode one trace file into columns (no analysis yet)."""
     p = Path(path)
@@ -329,6 +319,7 @@ def decode_trace(data: bytes, source: str) -> Trace:
     del complete, instants
     if (gpu.correlation < 0).any() and len(runtime.ts):
         correlate_by_flows(data, gpu, runtime, time_base)
+    notes += clip_absurd_durations(source, (host, runtime, gpu, syncs))
     start, end, n_kept = _extent(source, code, (host, runtime, gpu, syncs))
     dist = meta.distributed
     return Trace(

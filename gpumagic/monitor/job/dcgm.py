@@ -20,6 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpumagic.device_kinds import CUDA
+from gpumagic.monitor.metrics import Metric
+
 # dcgmvalue.h: the smallest blank of each width (the codes up to +15 are the others)
 INT32_BLANK = 0x7FFFFFF0
 INT64_BLANK = 0x7FFFFFFFFFFFFFF0
@@ -27,14 +30,22 @@ FP64_BLANK = 140737488355328.0  # 2**47
 
 
 @dataclass(frozen=True)
-class Field:
-    """One DCGM field as the job view reads it."""
+class Field(Metric):
+    """One DCGM field as the job view reads it: a column of the job's samples, named (in the
+    frames and the CSV alike) by the Prometheus metric, DCGM's field name."""
 
-    name: str  # the Prometheus metric (DCGM's field name)
-    unit: str  # "%", "MiB", "W", "°C", "mJ", "ratio" (0-1), "code"
-    required: bool  # the view needs it: a note names it when Prometheus has none
+    required: bool = False  # the view needs it: a note names it when Prometheus has none
     small: bool = True  # its real values stay far below 2**31 (the 32-bit blanks apply)
     help: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.key
+
+
+def _field(name: str, unit: str, required: bool, small: bool = True, help: str = "") -> Field:
+    # unit: "%", "MiB", "W", "°C", "mJ", "ratio" (0-1), "code"
+    return Field(name, name, unit, CUDA, required=required, small=small, help=help)
 
 
 UTIL = "DCGM_FI_DEV_GPU_UTIL"
@@ -48,19 +59,19 @@ TENSOR_ACTIVE = "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"
 XID = "DCGM_FI_DEV_XID_ERRORS"
 
 JOB_FIELDS: tuple[Field, ...] = (
-    Field(UTIL, "%", True, help="GPU utilization (in %)."),
-    Field(FB_USED, "MiB", True, help="Framebuffer memory used (in MiB)."),
-    Field(FB_FREE, "MiB", True, help="Framebuffer memory free (in MiB)."),
-    Field(POWER, "W", True, help="Power draw (in W)."),
-    Field(TEMP, "°C", True, help="GPU temperature (in C)."),
+    _field(UTIL, "%", True, help="GPU utilization (in %)."),
+    _field(FB_USED, "MiB", True, help="Framebuffer memory used (in MiB)."),
+    _field(FB_FREE, "MiB", True, help="Framebuffer memory free (in MiB)."),
+    _field(POWER, "W", True, help="Power draw (in W)."),
+    _field(TEMP, "°C", True, help="GPU temperature (in C)."),
     # mJ since the driver loaded: a 700 W GPU passes 2**31 mJ in under an hour
-    Field(ENERGY, "mJ", True, small=False, help="Total energy consumption since boot (in mJ)."),
+    _field(ENERGY, "mJ", True, small=False, help="Total energy consumption since boot (in mJ)."),
     # profiling fields: Volta and newer data-centre GPUs, and only if the exporter's CSV has them
-    Field(
+    _field(
         SM_ACTIVE, "ratio", False, help="The ratio of cycles an SM has at least 1 warp assigned."
     ),
-    Field(TENSOR_ACTIVE, "ratio", False, help="Ratio of cycles the tensor (HMMA) pipe is active."),
-    Field(XID, "code", False, help="Value of the last XID error encountered."),
+    _field(TENSOR_ACTIVE, "ratio", False, help="Ratio of cycles the tensor (HMMA) pipe is active."),
+    _field(XID, "code", False, help="Value of the last XID error encountered."),
 )
 FIELD_INDEX: dict[str, int] = {f.name: i for i, f in enumerate(JOB_FIELDS)}
 REQUIRED = tuple(f.name for f in JOB_FIELDS if f.required)

@@ -1,4 +1,4 @@
-"""``serve_metrics``: this kernel's ``%gpuwatch`` samples as a Prometheus endpoint.
+"""What the endpoint serves: a collector over the watcher's latest sample, in DCGM's names.
 
 A notebook on a cluster node can then be scraped like the node's dcgm-exporter, and the
 dashboards built for dcgm-exporter read it: GPU series carry DCGM's field names and
@@ -10,15 +10,13 @@ a machine without a GPU the endpoint has no DCGM series at all. Which cell is ru
 ``gpumagic_cell_running`` and ``gpumagic_cell_info{execution_count, source}``.
 
 Each scrape reads the watcher's latest sample (nothing is measured at scrape time); a
-value NVML did not give is left out, never exported as 0. The endpoint stops with its
-watcher. ``prometheus_client`` serves it (``pip install prometheus-client``).
+value NVML did not give is left out, never exported as 0.
 """
 
 from __future__ import annotations
 
 import math
 import socket
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -84,17 +82,6 @@ HOST_SERIES: tuple[Exported, ...] = (
 _SOURCE_CHARS = 80
 
 
-def _require_client() -> Any:
-    try:
-        import prometheus_client
-    except ImportError:
-        raise ImportError(
-            "serve_metrics needs prometheus-client: pip install prometheus-client "
-            "(or pip install 'gpumagic[cluster]')"
-        ) from None
-    return prometheus_client
-
-
 class SnapshotCollector:
     """A prometheus_client collector over a watcher's latest sample."""
 
@@ -154,7 +141,7 @@ class SnapshotCollector:
         yield free
 
     def _host(self, snap: Snapshot, gauge: Any) -> Iterator[Any]:
-        if not len(snap.times):
+        if not len(snap.times) or snap.host_row is None:
             return
         row = snap.values[-1, snap.host_row]
         for series in HOST_SERIES:
@@ -183,117 +170,3 @@ class SnapshotCollector:
             count = "" if cell.execution_count is None else str(cell.execution_count)
             info.add_metric([self.hostname, count, cell.source[:_SOURCE_CHARS]], 1.0)
         yield info
-
-
-class MetricsServer:
-    """A running endpoint: ``url`` to give Prometheus, ``stop()`` to close it (idempotent)."""
-
-    def __init__(self, watcher: Watcher, port: int, host: str, own_watcher: bool) -> None:
-        client = _require_client()
-        from prometheus_client import CollectorRegistry
-
-        self.watcher = watcher
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(SnapshotCollector(watcher))
-        try:
-            self._server, self._thread = client.start_http_server(
-                port, addr=host, registry=self.registry
-            )
-        except OSError as exc:
-            raise ValueError(
-                f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}"
-            ) from None
-        self.host = host
-        self.port = int(self._server.server_address[1])
-        shown = socket.gethostname() if host in ("", "0.0.0.0", "::") else host
-        self.url = f"http://{shown}:{self.port}/metrics"
-        self._own_watcher = own_watcher
-        self._lock = threading.Lock()
-        self.stopped = False
-        self._unsubscribe = watcher.subscribe(self._on_watch)
-
-    def _on_watch(self, event: str) -> None:
-        if event == "stop":
-            self._close()
-
-    def _close(self) -> None:
-        with self._lock:
-            if self.stopped:
-                return
-            self.stopped = True
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
-
-    def stop(self) -> None:
-        """Close the endpoint (and the watcher, when serve_metrics started it)."""
-        self._unsubscribe()
-        self._close()
-        if self._own_watcher:
-            self.watcher.stop()
-
-    def __repr__(self) -> str:
-        state = "stopped" if self.stopped else "serving"
-        return f"<gpumagic MetricsServer {state} {self.url}>"
-
-
-_current: MetricsServer | None = None
-_current_lock = threading.Lock()
-
-
-def serve_metrics(
-    port: int = 0, host: str = "127.0.0.1", watcher: Watcher | None = None
-) -> MetricsServer:
-    """Serve ``watcher``'s samples (default: the running ``%gpuwatch``; one is started when
-    none runs) at ``http://host:port/metrics`` for Prometheus; returns the server (``.url``,
-    ``.stop()``). ``port=0`` picks a free port. ``host="0.0.0.0"`` lets other machines scrape
-    it (the default, ``127.0.0.1``, only this one: the metrics name the cells you run). One
-    endpoint per kernel: serving again closes the previous one. It stops with its watcher.
-    """
-    global _current
-    from gpumagic.monitor.job import JobWatcher
-    from gpumagic.monitor.start import current, watch
-
-    _require_client()
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ValueError(f"port must be an integer from 0 to 65535, got {port!r}")
-    own = False
-    if watcher is None:
-        running = current()
-        if isinstance(running, JobWatcher):
-            raise ValueError(
-                "serve_metrics serves this kernel's own samples; the watcher running reads a "
-                "job's from Prometheus already (stop it first: %gpuwatch stop)"
-            )
-        if running is None:
-            started = watch()
-            assert not isinstance(started, JobWatcher)
-            watcher, own = started, True
-        else:
-            watcher = running
-    with _current_lock:
-        previous, _current = _current, None
-    if previous is not None:
-        previous.stop()
-    try:
-        server = MetricsServer(watcher, port, host, own)
-    except BaseException:
-        if own:
-            watcher.stop()
-        raise
-    with _current_lock:
-        _current = server
-    return server
-
-
-def current_server() -> MetricsServer | None:
-    return _current
-
-
-def stop_serving() -> None:
-    """Close the endpoint, if any (``%unload_ext`` and the kernel's exit)."""
-    global _current
-    with _current_lock:
-        server, _current = _current, None
-    if server is not None:
-        server.stop()

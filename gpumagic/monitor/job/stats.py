@@ -1,8 +1,9 @@
-"""What a job's DCGM series say: stragglers, XID errors, per-cell utilisation, energy, cost.
+"""What a job's DCGM series say: stragglers, XID errors, per-cell utilisation.
 
-Pure functions over a :class:`JobSnapshot` (a consistent copy of a
-:class:`~gpumagic.monitor.job.JobWatcher`'s samples), read by the result objects and the
-renderers alike, so the live view, the status, the summary and the DataFrames agree.
+Pure functions over a job's samples (``times``, and ``values`` as ``(samples, gpus,
+fields)`` in :data:`~gpumagic.monitor.job.dcgm.JOB_FIELDS` order), read by the source's
+alerts, the result's frames and the renderers alike, so the live view, the status, the
+summary and the DataFrames agree.
 
 Values are DCGM's units as Prometheus holds them: % for utilisation, MiB for framebuffer
 memory, W, °C, mJ for the energy counter, 0-1 ratios for the profiling fields, the last
@@ -12,13 +13,21 @@ XID code (0: none) for ``DCGM_FI_DEV_XID_ERRORS``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gpumagic.monitor import dcgm
+from gpumagic.device_kinds import CUDA
 from gpumagic.monitor.alerts import Alert
 from gpumagic.monitor.cells import CellRecord
+from gpumagic.monitor.devices import WatchedDevice
+from gpumagic.monitor.job import dcgm
+from gpumagic.units import fmt_percent
+
+if TYPE_CHECKING:
+    from gpumagic.monitor.snapshot import Snapshot
 
 # A GPU "falls well below the job's median" when its mean utilisation over the last
 # STRAGGLER_SPAN_S is more than STRAGGLER_POINTS percentage points (or a quarter of the
@@ -31,91 +40,22 @@ STRAGGLER_POINTS = 20.0
 STRAGGLER_SHARE = 0.25
 STRAGGLER_MIN_MEDIAN = 20.0
 
-_UTIL = dcgm.FIELD_INDEX[dcgm.UTIL]
-_ENERGY = dcgm.FIELD_INDEX[dcgm.ENERGY]
-_XID = dcgm.FIELD_INDEX[dcgm.XID]
+UTIL = dcgm.FIELD_INDEX[dcgm.UTIL]
+ENERGY = dcgm.FIELD_INDEX[dcgm.ENERGY]
+XID = dcgm.FIELD_INDEX[dcgm.XID]
 
 
-@dataclass(frozen=True)
-class JobGpu:
-    """One GPU of the job, as its DCGM series label it."""
-
-    host: str  # the Hostname label (or hostname, or the scrape's instance)
-    gpu: str  # the gpu label: its index on the node
-    uuid: str = ""
-    model: str = ""
-    labels: tuple[tuple[str, str], ...] = ()  # the other labels kept (dcgm.GPU_LABELS)
-
-    @property
-    def label(self) -> str:
-        return f"{self.host} GPU {self.gpu}"
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.host, self.gpu)
-
-
-def gpu_from_labels(labels: dict[str, str]) -> JobGpu:
+def gpu_from_labels(labels: dict[str, str]) -> WatchedDevice:
+    """A job's GPU, as its DCGM series label it."""
     host = next((labels[k] for k in dcgm.HOST_LABELS if labels.get(k)), "?")
-    return JobGpu(
-        host=host,
-        gpu=labels.get("gpu", "?"),
+    return WatchedDevice(
+        CUDA,
+        labels.get("modelName", ""),
         uuid=labels.get("UUID") or labels.get("uuid", ""),
-        model=labels.get("modelName", ""),
+        host=host,
+        node_index=labels.get("gpu", "?"),
         labels=tuple((k, labels[k]) for k in dcgm.GPU_LABELS if k in labels),
     )
-
-
-@dataclass
-class JobSnapshot:
-    """A consistent copy of a job watcher's state: what results and renderers read."""
-
-    url: str
-    selector: str
-    gpus: tuple[JobGpu, ...]
-    times: np.ndarray  # (samples,) seconds: Prometheus's evaluation times
-    values: np.ndarray  # (samples, gpus, len(dcgm.JOB_FIELDS)), NaN = missing
-    cells: list[CellRecord]
-    alerts: list[Alert]
-    notes: list[str]
-    interval: float
-    window: float
-    started: float
-    now: float
-    running: bool
-    log_path: str | None
-    polls: int  # queries answered since the start
-    seq: int  # changes exactly when a new sample is in
-    price: float | None  # dollars per GPU-hour
-    energy_mj: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per GPU since start
-    missing: tuple[str, ...] = ()  # required fields with no series
-    history_from: float | None = None  # the start of the history read at the start
-
-    @property
-    def hosts(self) -> list[str]:
-        """The nodes, in the order their GPUs were first seen."""
-        return list(dict.fromkeys(g.host for g in self.gpus))
-
-    def field(self, name: str) -> np.ndarray:
-        """(samples, gpus) of one DCGM field."""
-        return self.values[:, :, dcgm.FIELD_INDEX[name]]
-
-    def has(self, name: str) -> bool:
-        return bool(len(self.times)) and not np.isnan(self.field(name)).all()
-
-    @property
-    def energy_wh(self) -> float:
-        """Job-wide energy since the watch started (NaN without the energy counter)."""
-        if not len(self.energy_mj) or dcgm.ENERGY in self.missing:
-            return math.nan
-        return float(self.energy_mj.sum()) / 3.6e6
-
-    @property
-    def cost_usd(self) -> float:
-        """Price per GPU-hour times the GPUs watched times the time watched (NaN: no price)."""
-        if self.price is None:
-            return math.nan
-        return self.price * len(self.gpus) * max(self.now - self.started, 0.0) / 3600
 
 
 def _mean_over(values: np.ndarray) -> np.ndarray:
@@ -128,7 +68,7 @@ def _mean_over(values: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Straggler:
-    gpu: int  # row in JobSnapshot.gpus
+    gpu: int  # row among the job's GPUs
     utilization: float  # its mean over the span, %
     median: float  # the job's median over the span, %
 
@@ -150,19 +90,21 @@ def stragglers_in(util: np.ndarray) -> tuple[list[Straggler], float]:
     return sorted(out, key=lambda s: s.utilization), median
 
 
-def stragglers(snap: JobSnapshot, span_s: float = STRAGGLER_SPAN_S) -> list[Straggler]:
+def stragglers(
+    times: np.ndarray, values: np.ndarray, span_s: float = STRAGGLER_SPAN_S
+) -> list[Straggler]:
     """GPUs whose utilisation over the last ``span_s`` falls well below the job's median."""
-    if not len(snap.times):
+    if not len(times):
         return []
-    recent = snap.times >= snap.times[-1] - span_s
-    return stragglers_in(_mean_over(snap.field(dcgm.UTIL)[recent]))[0]
+    recent = times >= times[-1] - span_s
+    return stragglers_in(_mean_over(values[recent, :, UTIL]))[0]
 
 
-def xid_errors(snap: JobSnapshot) -> list[tuple[int, int, float]]:
+def xid_errors(times: np.ndarray, values: np.ndarray) -> list[tuple[int, int, float]]:
     """(gpu row, XID code, first time seen) of every GPU whose last XID error is non-zero."""
-    if not len(snap.times):
+    if not len(times):
         return []
-    xid = snap.values[:, :, _XID]
+    xid = values[:, :, XID]
     out = []
     for g in range(xid.shape[1]):
         col = xid[:, g]
@@ -171,18 +113,20 @@ def xid_errors(snap: JobSnapshot) -> list[tuple[int, int, float]]:
             continue
         code = col[seen[-1]]
         same = seen[col[seen] == code]
-        out.append((g, int(code), float(snap.times[same[0]])))
+        out.append((g, int(code), float(times[same[0]])))
     return out
 
 
-def job_alerts(snap: JobSnapshot) -> list[Alert]:
+def job_alerts(
+    gpus: Sequence[WatchedDevice], times: np.ndarray, values: np.ndarray
+) -> list[Alert]:
     """Stragglers and XID errors, as the header shows them."""
-    from gpumagic.units import fmt_percent
-
-    now = float(snap.times[-1]) if len(snap.times) else snap.now
+    if not len(times):
+        return []
+    now = float(times[-1])
     out = []
-    for s in stragglers(snap):
-        g = snap.gpus[s.gpu]
+    for s in stragglers(times, values):
+        g = gpus[s.gpu]
         out.append(
             Alert(
                 "straggler",
@@ -192,8 +136,8 @@ def job_alerts(snap: JobSnapshot) -> list[Alert]:
                 now,
             )
         )
-    for row, code, since in xid_errors(snap):
-        g = snap.gpus[row]
+    for row, code, since in xid_errors(times, values):
+        g = gpus[row]
         out.append(
             Alert("xid", g.label, f"{g.label}: XID error {code} (DCGM_FI_DEV_XID_ERRORS)", since)
         )
@@ -210,27 +154,20 @@ class CellStats:
     stragglers: tuple[str, ...]  # GPU labels below the job's median during the cell
 
 
-def cell_stats(snap: JobSnapshot, cell: CellRecord) -> CellStats:
+def cell_stats(snap: Snapshot, cell: CellRecord) -> CellStats:
     end = cell.end if cell.end is not None else snap.now
     inside = (snap.times >= cell.start) & (snap.times <= end)
     if not inside.any():
         return CellStats(0, math.nan, math.nan, ())
-    per_gpu = _mean_over(snap.field(dcgm.UTIL)[inside])
+    per_gpu = _mean_over(snap.values[inside, :, UTIL])
     known = per_gpu[~np.isnan(per_gpu)]
     found, _median = stragglers_in(per_gpu)
     return CellStats(
         int(inside.sum()),
         float(known.mean()) if len(known) else math.nan,
         float(known.min()) if len(known) else math.nan,
-        tuple(snap.gpus[s.gpu].label for s in found),
+        tuple(snap.devices[s.gpu].label for s in found),
     )
-
-
-def cell_cost(snap: JobSnapshot, cell: CellRecord) -> float:
-    """What the job's GPUs cost while the cell ran, at ``price`` per GPU-hour (NaN: no price)."""
-    if snap.price is None:
-        return math.nan
-    return snap.price * len(snap.gpus) * cell.duration(snap.now) / 3600
 
 
 def energy_deltas(previous: np.ndarray, current: np.ndarray) -> np.ndarray:
