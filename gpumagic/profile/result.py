@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -364,7 +364,7 @@ class ProfileResult(Rendered):
 
     # --- output ----------------------------------------------------------------------
 
-    def table_rows(self, form: str, rows: int | None = None) -> int:
+    def table_rows(self, form: Literal["text", "html", "page"], rows: int | None = None) -> int:
         """Rows in each table of the report as ``form`` ("text", "html" or "page"): ``rows``
         where given, else :attr:`display_rows`, else the form's default. A page (``export``)
         has its own default and takes no display_rows: it is a file, not a display."""

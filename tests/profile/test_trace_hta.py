@@ -272,7 +272,7 @@ def test_hta_mtia_inference_trace_loads():
     trace = result.primary.trace
     assert int((trace.gpu.kind == KERNEL).sum()) + int((trace.gpu.kind == MEMCPY).sum()) == 1313
     s = result.summary
-    assert not s["cpu_only"] and s["devices"] == ["ARTEMIS"]
+    assert not s.cpu_only and s.devices == ["ARTEMIS"]
     assert any("MTIA accelerator" in n for n in result.notes)
     ops = result.ops
     # every launch's device time lands on an operator: the table's total is the kernels'
