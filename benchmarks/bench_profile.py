@@ -96,8 +96,8 @@ print(json.dumps({
     "baseline_rss": baseline,
     "peak_rss": status("VmHWM"),
     "ru_maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-    "events": r.summary["events"],
-    "steps": r.summary["steps"],
+    "events": r.summary.events,
+    "steps": r.summary.steps,
 }))
 """
 

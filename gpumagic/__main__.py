@@ -41,10 +41,10 @@ def demo(out: Path) -> int:
     shell.run_cell(
         "import torch\ndevice = 'cuda' if torch.cuda.is_available() else 'cpu'", store_history=False
     )
-    result = shell.run_cell("%%memtrace --quiet -o demo_trace\n" + DEMO_CELL, store_history=False, silent=True)
+    result = shell.run_cell("%%memtrace --quiet\n" + DEMO_CELL, store_history=False, silent=True)
     if not result.success:
         return 1
-    trace = shell.user_ns["demo_trace"]
+    trace = shell.user_ns["_memtrace"]
     out.mkdir(parents=True, exist_ok=True)
     html_path = out / "memtrace_demo.html"
     html_path.write_text(

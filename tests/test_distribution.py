@@ -107,7 +107,7 @@ def test_wheel_carries_license_types_and_metadata(dists):
     assert {u.split(",", 1)[0] for u in meta.get_all("Project-URL")} >= {
         "Homepage", "Repository", "Issues", "Documentation"
     }
-    assert "pip install gpumagic" in meta.get_payload()  # the README is the package's page
+    assert "%load_ext gpumagic" in meta.get_payload()  # the README is the package's page
     extras = meta.get_all("Provides-Extra")
     assert {"test", "dev"} <= set(extras)
     test_extra = [r for r in meta.get_all("Requires-Dist") if 'extra == "test"' in r]
@@ -124,13 +124,13 @@ CELL = textwrap.dedent(
     shell = InteractiveShell.instance()
     shell.run_line_magic("load_ext", "gpumagic")
     result = shell.run_cell(
-        "%%memtrace --quiet -o trace\\n"
+        "%%memtrace --quiet\\n"
         "import torch\\n"
         "x = torch.ones(512, 512)\\n"
         "y = x * 2\\n"
         "y.sum().item()\\n"
     )
-    trace = shell.user_ns["trace"]
+    trace = shell.user_ns["_memtrace"]
     print(json.dumps({
         "file": gpumagic.__file__,
         "typed": (Path(gpumagic.__file__).parent / "py.typed").is_file(),

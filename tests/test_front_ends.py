@@ -117,9 +117,8 @@ def test_started_note_in_a_notebook_speaks_only_of_a_replaced_watch() -> None:
 
 # -- results -------------------------------------------------------------------------------------
 def test_results_repr_in_one_line_and_str_in_full(ip, run) -> None:
-    run("%%memtrace -q -o a\nx = [0] * 100_000\n")
-    run("%%memtrace -q -o b\ny = [1] * 10\n")
-    a, b = ip.user_ns["a"], ip.user_ns["b"]
+    a = run("%%memtrace -q -o\nx = [0] * 100_000\n").result.result
+    b = run("%%memtrace -q -o\ny = [1] * 10\n").result.result
     both = repr([a, b])
     assert "\n" not in both and both.count(f"<MemTrace: %%memtrace {a.device.label}: 1 statements") == 2
     assert "peak" in repr(a) and "net" in repr(a)

@@ -1,7 +1,7 @@
 """Each magic's help comes from its argument parser: ``%memtrace?`` (IPython's inspector)
 and ``-h`` on the magic's line list every option with its help; a misspelt option is named
 in the error; the option names follow IPython's, torch.profiler's, nvidia-smi's and nvitop's
-where they overlap, the old spellings still accepted; ``-o`` works as ``%timeit -o``."""
+where they overlap, each option with one spelling; ``-o`` works as ``%timeit -o``."""
 
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ def test_help_starts_no_watch(run) -> None:
         ("%%gpuprofile --profil-memory\nx = 1\n", "--profil-memory", "--profile-memory"),
         ("%%memtrace --devcie host\nx = 1\n", "--devcie", "--device"),
         ("%memtrace --sycn x = 1", "--sycn", "--sync"),
-        ("%gpuselect --min-fee 1GiB", "--min-fee", "--min-free"),
+        ("%gpuselect --min-fee 1GiB", "--min-fee", "--min-free-memory"),
         ("%gpuenv --frezee reqs.txt", "--frezee", "--freeze"),
     ],
 )
@@ -132,26 +132,45 @@ def test_values_that_look_like_options_are_values() -> None:
     # a negative number after an option is its value, as argparse reads it
     opts = profile.PARSER.parse_line("--wait -1 --rows 3")
     assert opts is not None and opts.wait == -1 and opts.rows == 3
-    # a unique prefix of a long option still works, as argparse allows
-    opts = profile.PARSER.parse_line("--keep --no-attr")
-    assert opts is not None and opts.keep_first and opts.no_attribution
 
 
 @pytest.mark.parametrize(
-    ("parser", "old", "new"),
+    ("line", "named", "suggested"),
     [
-        (profile.PARSER, "--memory --shapes --stack --flops", "--profile-memory --record-shapes --with-stack --with-flops"),
-        (watch.PARSER, "-i 0.5 --log a.csv --gpus 0,1", "-l 0.5 -f a.csv --id 0,1"),
-        (watch.PARSER, "-i 0.5 --log a.csv", "--loop 0.5 --filename a.csv"),
-        (select.PARSER, "2 --min-free 8GiB --max-util 30", "2 -f 8GiB -G 30"),
-        (select.PARSER, "--min-free 8GiB --max-util 30", "--min-free-memory 8GiB --max-gpu-utilization 30"),
+        # the spellings of earlier versions, which never shipped, are gone
+        ("%%gpuprofile --memory\nx = 1\n", "--memory", "--profile-memory"),
+        ("%%gpuprofile --shapes\nx = 1\n", "--shapes", "--record-shapes"),
+        ("%%gpuprofile --stack\nx = 1\n", "--stack", "--with-stack"),
+        ("%%gpuprofile --flops\nx = 1\n", "--flops", "--with-flops"),
+        ("%gpuselect --max-util 30", "--max-util", "--max-gpu-utilization"),
+        # argparse's abbreviations are second spellings too
+        ("%gpuselect --min-free 8GiB", "--min-free", "--min-free-memory"),
+        ("%%gpuprofile --keep-f\nx = 1\n", "--keep-f", "--keep-first"),
+        # nvidia-smi's and nvisel's names: their help names the option they are
+        ("%gpuwatch -l 0.5", "-l", "--interval"),
+        ("%gpuwatch --loop 0.5", "--loop", "--interval"),
+        ("%gpuwatch -f gpu.csv", "-f", "--log"),
+        ("%gpuwatch --filename gpu.csv", "--filename", "--log"),
+        ("%gpuwatch --id 0,1", "--id", "--gpus"),
+        ("%gpuselect -n 2", "-n", "N"),
     ],
 )
-def test_old_spellings_and_the_conventional_names_mean_the_same(parser, old, new) -> None:
-    assert parser.parse_line(old) == parser.parse_line(new)
+def test_an_option_has_one_spelling(ip, run, line, named, suggested) -> None:
+    r = run(line.replace("\nx = 1", "\nran = 1"))
+    err = r.result.error_in_exec
+    assert isinstance(err, UsageError), r.stdout
+    message = str(err).splitlines()[0]
+    assert f"unrecognized arguments: {named} (did you mean {suggested}?)" in message, message
+    assert "ran" not in ip.user_ns
+    assert not [t for t in threading.enumerate() if t.name == "gpumagic-watch"]
 
 
-def test_gpuselect_takes_n_as_nvisel_does(run, monkeypatch) -> None:
+def test_nvisels_short_options_are_the_long_ones() -> None:
+    long = select.PARSER.parse_line("2 --min-free-memory 8GiB --max-gpu-utilization 30")
+    assert long == select.PARSER.parse_line("2 -f 8GiB -G 30")
+
+
+def test_gpuselect_takes_n_as_its_first_word(run, monkeypatch) -> None:
     import gpumagic.monitor.choose as choose
 
     seen: list[int] = []
@@ -160,11 +179,9 @@ def test_gpuselect_takes_n_as_nvisel_does(run, monkeypatch) -> None:
         seen.append(count)
 
     monkeypatch.setattr(choose, "select_gpus", fake_select)
-    run("%gpuselect -n 3")
     run("%gpuselect 2")
-    assert seen == [3, 2]
-    r = run("%gpuselect 2 -n 3")
-    assert isinstance(r.result.error_in_exec, UsageError) and "give N once" in str(r.result.error_in_exec)
+    run("%gpuselect")
+    assert seen == [2, 1]
 
 
 # -- -o as %timeit -o ----------------------------------------------------------------------------
@@ -189,12 +206,30 @@ def test_memtrace_line_o_returns_the_trace_and_runs_the_statement(ip, run) -> No
     assert not r.outputs  # kept quietly, as `t = %timeit -o ...`
 
 
-def test_memtrace_o_name_still_stores_and_keeps_the_cells_value(ip, run) -> None:
-    from gpumagic.memory.report import MemTrace
+@pytest.mark.parametrize(
+    "line",
+    ["%%memtrace -o kept", "%%memfit -o kept", "%%gpuprofile -o kept", "%%gpuprofile -q -o kept -n a"],
+)
+def test_o_takes_no_name(ip, run, line) -> None:
+    # one meaning: -o returns the result; a name after it is refused before the cell runs
+    r = run(f"{line}\nran = 1\n")
+    err = r.result.error_in_exec
+    assert isinstance(err, UsageError) and "unrecognized arguments: kept" in str(err), err
+    assert "ran" not in ip.user_ns and "kept" not in ip.user_ns
 
-    r = run("%%memtrace -o kept\nz = 2\nz * 21\n")
-    assert r.result.success
-    assert isinstance(ip.user_ns["kept"], MemTrace) and r.result.result == 42
+
+def test_memfit_o_returns_the_prediction_as_the_cells_value(ip, run) -> None:
+    from gpumagic.memory.fit.result import MemFit
+
+    cell = "import torch\nw = torch.ones(256, 256)\ny = w @ w\n"
+    r = run("%%memfit -o\n" + cell)
+    assert r.result.success, r.result.error_in_exec
+    assert isinstance(r.result.result, MemFit) and r.result.result is ip.user_ns["_memfit"]
+    assert r.result.result.peak_bytes > 0
+    r = run("%%memfit -q -o\n" + cell)  # -q shows nothing; -o still returns the prediction
+    assert r.result.success and r.outputs == []
+    assert isinstance(r.result.result, MemFit) and r.result.result is ip.user_ns["_memfit"]
+    assert run("%%memfit -q\n" + cell).result.result is None
 
 
 def test_gpuprofile_o_returns_the_profile(ip, run) -> None:

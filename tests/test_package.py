@@ -9,6 +9,7 @@ already holds torch and numpy, and the console script is a separate program.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -157,8 +158,10 @@ def test_readme_opens_with_the_repository_commands_then_the_install():
     first_block = readme.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
     assert [ln.split()[:2] for ln in first_block] == [["make", "lab"], ["make", "test"]]
     before_the_magics = readme.split("\n## What it does", 1)[0]
-    for words in ("pip install gpumagic", "%load_ext gpumagic", "pip install ."):
+    for words in ("%load_ext gpumagic", "pip install ."):
         assert words in before_the_magics, words
+    # nothing is published: no install from a package index is offered
+    assert not re.search(r"pip install ['\"]?gpumagic", readme)
     for extra in _pyproject()["project"]["optional-dependencies"]:
         named = f"`{extra}`" in before_the_magics or f"gpumagic[{extra}]" in before_the_magics
         assert named, f"the README does not say what the {extra!r} extra is for"

@@ -324,13 +324,13 @@ def gpuprofile_slow_loop(c: Cells) -> tuple[str, dict[str, Any]]:
     wanted = ["dataloader", "pageable_memcpy", "sync", "tensor_cores"]
     missing = [r for r in wanted if r not in rules]
     expect(not missing, f"findings {sorted(rules)}; missing {missing}; notes {p.notes}")
-    expect(s["cpu_only"] is False and p.notes == [], f"GPU events missing? notes {p.notes}")
+    expect(s.cpu_only is False and p.notes == [], f"GPU events missing? notes {p.notes}")
     expect(
-        s["steps"] == 5 and s["first_step_left_out"] is True,
-        f"steps {s['steps']} (6 marked, the first left out: cuBLAS/cuDNN setup, lazy loading)",
+        s.steps == 5 and s.first_step_left_out is True,
+        f"steps {s.steps} (6 marked, the first left out: cuBLAS/cuDNN setup, lazy loading)",
     )
     name = torch.cuda.get_device_name(torch.cuda.current_device())
-    expect(s["devices"] == [name], f"devices {s['devices']}, torch's {name!r}")
+    expect(s.devices == [name], f"devices {s.devices}, torch's {name!r}")
     expect(rules["dataloader"].confirmed, "dataloader finding not confirmed by num_workers=0")
     if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
         got = rules["tensor_cores"].evidence.get("matmul_fp32_precision")
@@ -339,14 +339,14 @@ def gpuprofile_slow_loop(c: Cells) -> tuple[str, dict[str, Any]]:
             f"tensor_cores evidence reads matmul_fp32_precision={got!r} (the torch 2.9+ API)",
         )
     for f in p.findings:
-        expect(0 <= f.saving_us <= s["step_time_us"] * 1.01, f"{f.rule}: saving {f.saving_us} > step")
+        expect(0 <= f.saving_us <= s.step_time_us * 1.01, f"{f.rule}: saving {f.saving_us} > step")
     detail = (
-        f"step {s['step_time_us'] / 1000:.1f} ms over {s['steps']} steps; fired: "
+        f"step {s.step_time_us / 1000:.1f} ms over {s.steps} steps; fired: "
         + ", ".join(f"{r} (saves ~{rules[r].saving_us / 1000:.1f} ms)" for r in wanted)
         + f"; all findings: {', '.join(sorted(rules))}"
     )
     c.ok("del loader, W1, W2")
-    return detail, {"findings": sorted(rules), "step_time_us": s["step_time_us"], "steps": s["steps"]}
+    return detail, {"findings": sorted(rules), "step_time_us": s.step_time_us, "steps": s.steps}
 
 
 _OOM = """\

@@ -5,8 +5,9 @@
 
 What is written: ``gpumagic analyze`` (text and HTML) of every shared trace and of the
 two-rank folder, and the comparison of the before/after pair; the demo cell of
-``gpumagic demo`` under ``%%memtrace`` (its per-statement table without the columns that
-are wall time or RSS pages, which differ from run to run, and the text of its peak), and
+``gpumagic demo`` under ``%%memtrace``, run a second time (its per-statement table without
+the columns that are wall time or RSS pages, which differ from run to run, and the text of
+its peak), and
 the same cell under ``%%memfit`` (a dry run: deterministic, so its whole report).
 
 The shared traces are found beside the repository (``../shared/traces``); they are other
@@ -58,12 +59,13 @@ def _cells(out: Path) -> None:
     shell = InteractiveShell.instance()
     shell.run_cell("%load_ext gpumagic", store_history=False)
     shell.run_cell("import torch\ntorch.manual_seed(0)\ndevice = 'cpu'", store_history=False)
-    traced = shell.run_cell("%%memtrace -q -o\n" + DEMO_CELL, store_history=False, silent=True)
-    if not traced.success or traced.result is None:  # an older spelling of -o
-        shell.run_cell("%%memtrace -q -o demo_trace\n" + DEMO_CELL, store_history=False, silent=True)
-        trace = shell.user_ns["demo_trace"]
-    else:
-        trace = traced.result
+    # The demo cell runs twice and the second run is the one kept: its namespace already holds
+    # a model, an optimizer and a batch, so the census's "tensors from before the cell" show.
+    # (The snapshots taken before issue 28 are of such a second run: this tool's first run was
+    # silent, whose value is None, so it ran the cell again; the comparison needs the same.)
+    for _ in range(2):
+        shell.run_cell("%%memtrace -q\n" + DEMO_CELL, store_history=False, silent=True)
+    trace = shell.user_ns["_memtrace"]
     lines = trace.lines
     kept = [c for c in lines.columns if not _VARYING.search(str(c))]
     (out / "memtrace_demo_lines.csv").write_text(lines[kept].to_csv(index=False), encoding="utf-8")

@@ -44,12 +44,17 @@ class MagicParser(argparse.ArgumentParser):
 
     ``forms``: further usage lines, for a magic with more than one form (the line form of a
     cell magic, ``%gpuprofile --compare A B``); they follow the generated usage in the help.
+
+    Every option has one spelling: argparse's abbreviations (any unique prefix of a long
+    option) are off, so a prefix is not a second name (``--min-free`` for
+    ``--min-free-memory``), nor one that changes meaning when an option is added.
     """
 
     def __init__(
         self, prog: str, description: str = "", forms: Sequence[str] = (), **kw: Any
     ) -> None:
         kw.setdefault("formatter_class", _HelpFormatter)
+        kw.setdefault("allow_abbrev", False)
         super().__init__(prog=prog, description=description, add_help=False, **kw)
         self.forms = list(forms)
         self.doc = ""  # the magic's whole help, set by documented()
@@ -68,8 +73,8 @@ class MagicParser(argparse.ArgumentParser):
 
     def check_variable(self, option: str, name: str | None) -> None:
         """A ``UsageError`` unless ``name`` (given with ``option``) is a variable code can
-        read: ``-o class`` or ``-o None`` pass ``str.isidentifier()``, yet a result stored
-        under a keyword is out of every cell's reach."""
+        read: ``class`` or ``None`` pass ``str.isidentifier()``, yet no cell can name a
+        variable so called."""
         if name is not None and (not name.isidentifier() or keyword.iskeyword(name)):
             why = "a Python keyword" if keyword.iskeyword(name) else "not an identifier"
             raise self.usage_error(f"{option} {name!r}: not a valid variable name ({why})")
@@ -146,8 +151,7 @@ class MagicParser(argparse.ArgumentParser):
     def _check_options(self, tokens: Sequence[str]) -> None:
         """Name an option nobody declared before argparse sees it: argparse would set it
         aside and blame the value after it (``%gpuwatch --intervall 1`` said "invalid choice:
-        '1'"). Values are skipped as argparse skips them; abbreviations argparse accepts (a
-        unique prefix of a long option) pass."""
+        '1'"). Values are skipped as argparse skips them."""
         i = 0
         while i < len(tokens):
             tok = tokens[i]
@@ -176,14 +180,18 @@ class MagicParser(argparse.ArgumentParser):
         actions = self._option_string_actions
         if name in actions:
             return actions[name]
-        if name.startswith("--"):
-            matches = {actions[o] for o in actions if o.startswith(name) and o.startswith("--")}
-            return matches.pop() if len(matches) == 1 else None
-        if len(name) > 2 and name[:2] in actions:  # -qo: short flags run together
+        if len(name) > 2 and not name.startswith("--") and name[:2] in actions:  # -qo: short flags run together
             return actions[name[:2]]
         return None
 
     def _did_you_mean(self, name: str) -> str:
+        """The option meant: the one whose help names ``name`` (``--loop``: nvidia-smi's name
+        for ``--interval``, which the help of --interval gives), else the nearest spelling."""
+        named = re.compile(rf"(?<![\w-]){re.escape(name)}(?![\w-])")
+        for action in self._actions:
+            if action.help and named.search(action.help):
+                meant = action.option_strings[-1] if action.option_strings else action.metavar
+                return f" (did you mean {meant}?)"
         close = difflib.get_close_matches(name, list(self._option_string_actions), n=1, cutoff=0.6)
         return f" (did you mean {close[0]}?)" if close else ""
 
@@ -209,28 +217,18 @@ def documented(parser: MagicParser) -> Callable[[F], F]:
 
 def output_option(parser: MagicParser, returns: str) -> None:
     """``-o``: as ``%timeit -o``, the magic returns its result (``returns`` says what that
-    replaces); ``-o NAME``, the spelling of earlier versions, stores it in NAME instead."""
+    replaces)."""
     parser.add_argument(
         "-o",
         "--output",
-        nargs="?",
-        const=True,
-        default=None,
-        metavar="NAME",
-        help="return the result, as %%timeit -o does ("
-        + returns.replace("%", "%%")
-        + "); -o NAME keeps it in the variable NAME (the spelling of earlier versions)",
+        action="store_true",
+        help="return the result, as %%timeit -o does (" + returns.replace("%", "%%") + ")",
     )
 
 
 def returns_result(opts: argparse.Namespace) -> bool:
-    """``-o`` given without a name: return the result (``%timeit -o``)."""
-    return opts.output is True
-
-
-def output_name(opts: argparse.Namespace) -> str | None:
-    """The NAME of ``-o NAME``, None without one."""
-    return opts.output if isinstance(opts.output, str) else None
+    """``-o`` was given: the magic returns its result (``%timeit -o``)."""
+    return bool(opts.output)
 
 
 def without_silencer(line: str) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 from IPython.core.magic import Magics, cell_magic, magics_class, no_var_expand
 
-from gpumagic.magics.args import MagicParser, documented, output_name, output_option
+from gpumagic.magics.args import MagicParser, documented, output_option, returns_result
 
 PARSER = MagicParser(
     "%%memfit",
@@ -27,7 +27,7 @@ PARSER = MagicParser(
         "and what each fix would save."
     ),
 )
-output_option(PARSER, "the prediction is the value of the cell either way")
+output_option(PARSER, "without it too, unless -q")
 PARSER.add_argument("--gpu", metavar="NAME", help='a GPU of the table ("A100 80GB", H100, T4, "RTX 4090", ...)')
 PARSER.add_argument("--memory", metavar="SIZE", help="the GPU memory to fit in instead (24GiB, 80GB)")
 PARSER.add_argument(
@@ -54,9 +54,10 @@ class MemfitMagics(Magics):
     def memfit(self, line: str, cell: str) -> Any:
         """Predict whether the cell fits on a GPU, before running it there.
 
-        The result (``_memfit``, and NAME with -o) has ``.peak_bytes``, ``.categories``,
-        ``.modules`` (DataFrame), ``.peak_line``, ``.fits`` (True, False, or None within the
-        headroom's uncertainty), ``.max_batch``, ``.what_if`` (DataFrame), ``.notes``.
+        The result (``_memfit``, and the cell's value unless -q without -o) has
+        ``.peak_bytes``, ``.categories``, ``.modules`` (DataFrame), ``.peak_line``, ``.fits``
+        (True, False, or None within the headroom's uncertainty), ``.max_batch``,
+        ``.what_if`` (DataFrame), ``.notes``.
         """
         __tracebackhide__ = True
         from gpumagic.cell import ShellCompiler, prepare
@@ -65,7 +66,6 @@ class MemfitMagics(Magics):
         opts = PARSER.parse_line(line)
         if opts is None:  # -h: the help was printed
             return None
-        PARSER.check_variable("-o", output_name(opts))
         fit_opts = _options(opts)
         shell: Any = self.shell
         try:
@@ -88,15 +88,13 @@ class MemfitMagics(Magics):
         if shown:
             fit.notes.append(f"The dry runs displayed {shown[0]} outputs (figures, tables), not shown.")
         shell.user_ns["_memfit"] = fit
-        if output_name(opts):
-            shell.user_ns[output_name(opts)] = fit
         if fit.error:
             if not opts.quiet:
                 from IPython.display import display
 
                 display(fit)
             raise MemfitError(f"%%memfit: the dry run stopped at {fit.error}")
-        return None if opts.quiet else fit
+        return None if opts.quiet and not returns_result(opts) else fit
 
 
 @contextlib.contextmanager
@@ -127,8 +125,6 @@ def _options(opts: Any) -> Any:
     from gpumagic.memory.fit.api import FitOptions
     from gpumagic.memory.fit.what_if import parse_fixes
 
-    if opts.output is not None and not opts.output.isidentifier():
-        raise PARSER.usage_error(f"-o {opts.output!r}: not a valid variable name")
     batch = None
     if opts.batch is not None:
         var, _, values = opts.batch.partition("=")

@@ -12,13 +12,7 @@ from IPython.core.magic import (
     output_can_be_silenced,
 )
 
-from gpumagic.magics.args import (
-    MagicParser,
-    documented,
-    output_name,
-    output_option,
-    returns_result,
-)
+from gpumagic.magics.args import MagicParser, documented, output_option, returns_result
 
 PARSER = MagicParser(
     "%%memtrace",
@@ -26,21 +20,15 @@ PARSER = MagicParser(
     forms=["%memtrace [options] STATEMENT   (one statement)"],
 )
 output_option(PARSER, "a cell's value, a statement's value")
-PARSER.add_argument(
-    "-d", "--device", metavar="DEV", help="cuda, cuda:N or host (default: CUDA if available)"
-)
-PARSER.add_argument(
-    "-q", "--quiet", action="store_true", help="display nothing; the result is still stored"
-)
+PARSER.add_argument("-d", "--device", metavar="DEV", help="cuda, cuda:N or host (default: CUDA if available)")
+PARSER.add_argument("-q", "--quiet", action="store_true", help="display nothing; the result is still stored")
 PARSER.add_argument("--no-live", action="store_true", help="no live view while the cell runs")
 PARSER.add_argument(
-    "--sync",
-    action="store_true",
+    "--sync", action="store_true",
     help="synchronise the CUDA device at each statement, so its time includes its GPU work",
 )
 PARSER.add_argument(
-    "--no-tensors",
-    action="store_true",
+    "--no-tensors", action="store_true",
     help="no tensor census (no categories): the CUDA allocator's counters alone, or the host's RSS",
 )
 
@@ -56,7 +44,7 @@ class MemtraceMagics(Magics):
 
         Counts tensor bytes on the traced device (CUDA, else the CPU) by category:
         parameters, gradients, optimizer state, activations, temporaries, inputs, other.
-        The result (``_memtrace``, and NAME with -o NAME) has ``.lines``, a DataFrame with
+        The result (``_memtrace``) has ``.lines``, a DataFrame with
         line, source, hits, delta_bytes (summed over hits), delta_per_hit_bytes,
         peak_bytes (the highest hit), allocated_bytes, reserved_bytes, host_delta_bytes,
         host_peak_bytes (the process's RSS) and one ``<category>_bytes`` column per
@@ -107,8 +95,6 @@ class MemtraceMagics(Magics):
                 return None
             result.live_frames = view.pushes
             shell.user_ns["_memtrace"] = kept["result"] = result
-            if output_name(opts):
-                shell.user_ns[output_name(opts)] = result
             # -o: the result is the magic's value, shown once as Out[] (`t = ...` keeps it)
             return None if opts.quiet or returns_result(opts) else result
 
@@ -134,5 +120,4 @@ def _parse(line: str, cell: str | None) -> tuple[Any, str, str | None] | None:
         if whole is None:
             return None
         opts, source, header = whole, cell, f"%%memtrace {line}".rstrip()
-    PARSER.check_variable("-o", output_name(opts))
     return opts, source, header

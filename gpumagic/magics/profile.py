@@ -1,132 +1,71 @@
-"""``%%gpuprofile`` / ``%gpuprofile``: IPython glue over :mod:`gpumagic.profile`."""
+"""``%%gpuprofile`` / ``%gpuprofile``: IPython glue over :mod:`gpumagic.profile`.
+
+Parse the options, run the cell through the shared runner once per ``--repeat`` (the core
+merges the runs: :class:`~gpumagic.profile.record.repeat.Repeats`), keep the result and
+show it, the core's notes above it (:meth:`~gpumagic.profile.record.finish.Finished.notes`).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from IPython.core.magic import (
-    Magics,
-    line_cell_magic,
-    magics_class,
-    output_can_be_silenced,
-)
+from IPython.core.magic import Magics, line_cell_magic, magics_class, output_can_be_silenced
 
 from gpumagic.cell import running_cell_number
 from gpumagic.magics.args import (
     MagicParser,
     documented,
-    output_name,
     output_option,
     returns_result,
     without_silencer,
 )
-from gpumagic.render.html import BOX_STYLE, Note, Rendered, escape, wrap
+from gpumagic.render.html import Note, Noted
 
 PARSER = MagicParser(
     "%%gpuprofile",
     description="Profile the cell under torch.profiler and explain where the time went.",
     forms=[
-        "%gpuprofile --compare A B [-o [NAME]] [-q]   two runs kept with -n, side by side",
-        "%gpuprofile --load PATH [--rows N] [-o [NAME]] [-q]   a saved trace or rank folder",
+        "%gpuprofile --compare A B [-o] [-q]   two runs kept with -n, side by side",
+        "%gpuprofile --load PATH [--rows N] [-o] [-q]   a saved trace or rank folder",
     ],
 )
 PARSER.add_argument("-n", "--name", metavar="NAME", help="keep this run under NAME for --compare")
 output_option(PARSER, "a cell's value; the line forms return theirs anyway")
+PARSER.add_argument("--rows", type=int, default=15, metavar="N", help="rows in the operator and kernel tables")
+# torch.profiler's own names: profile(profile_memory=..., record_shapes=..., with_stack=...,
+# with_flops=...)
 PARSER.add_argument(
-    "--rows", type=int, default=15, metavar="N", help="rows in the operator and kernel tables"
+    "--profile-memory", dest="memory", action="store_true", help="record memory (torch.profiler's profile_memory=True)"
 )
-# torch.profiler's own names first (profile(profile_memory=..., record_shapes=...,
-# with_stack=..., with_flops=...)); the short spellings of earlier versions stay as aliases.
+PARSER.add_argument("--record-shapes", dest="shapes", action="store_true", help="record input shapes (record_shapes=True)")
+PARSER.add_argument("--with-stack", dest="stack", action="store_true", help="record Python stacks (with_stack=True)")
+PARSER.add_argument("--with-flops", dest="flops", action="store_true", help="estimate FLOPs (with_flops=True)")
 PARSER.add_argument(
-    "--profile-memory",
-    "--memory",
-    dest="memory",
-    action="store_true",
-    help="record memory (torch.profiler's profile_memory=True)",
-)
-PARSER.add_argument(
-    "--record-shapes",
-    "--shapes",
-    dest="shapes",
-    action="store_true",
-    help="record input shapes (record_shapes=True)",
-)
-PARSER.add_argument(
-    "--with-stack",
-    "--stack",
-    dest="stack",
-    action="store_true",
-    help="record Python stacks (with_stack=True)",
-)
-PARSER.add_argument(
-    "--with-flops",
-    "--flops",
-    dest="flops",
-    action="store_true",
-    help="estimate FLOPs (with_flops=True)",
-)
-PARSER.add_argument(
-    "--wait",
-    type=int,
-    metavar="N",
+    "--wait", type=int, metavar="N",
     help="schedule, as torch.profiler.schedule(wait=N): steps to skip (needs gpumagic.step())",
 )
 PARSER.add_argument("--warmup", type=int, metavar="N", help="schedule: warm-up steps")
 PARSER.add_argument("--active", type=int, metavar="N", help="schedule: steps to record")
 PARSER.add_argument(
-    "--keep-first",
-    action="store_true",
+    "--keep-first", action="store_true",
     help="keep the first gpumagic.step() step (first-call setup) in the step statistics",
 )
 PARSER.add_argument(
-    "--repeat",
-    type=int,
-    default=1,
-    metavar="N",
+    "--repeat", type=int, default=1, metavar="N",
     help="run the cell N times: the steps of every run are samples of the step time, so "
     "--compare counts run-to-run noise too (the tables describe the last run)",
 )
 PARSER.add_argument(
-    "--no-attribution",
-    action="store_true",
+    "--no-attribution", action="store_true",
     help="no time per line and per nn.Module (no statement ranges, no module hooks)",
 )
+PARSER.add_argument("--trace", metavar="PATH", help="write the Chrome trace here (.json or .json.gz; opens in Perfetto)")
 PARSER.add_argument(
-    "--trace",
-    metavar="PATH",
-    help="write the Chrome trace here (.json or .json.gz; opens in Perfetto)",
-)
-PARSER.add_argument(
-    "-q",
-    "--quiet",
-    action="store_true",
+    "-q", "--quiet", action="store_true",
     help="display nothing (a line form returns None unless -o); the result is still stored",
 )
-PARSER.add_argument(
-    "--compare", nargs=2, metavar=("A", "B"), help="compare two named runs (line magic)"
-)
-PARSER.add_argument(
-    "--load", metavar="PATH", help="analyse a saved trace file or per-rank directory (line magic)"
-)
-
-
-class _Display(Rendered):
-    """A result shown with a chosen number of table rows, and an optional note on top."""
-
-    def __init__(self, result: Any, rows: int, note: str = "") -> None:
-        self.result, self.rows, self.note = result, rows, note
-
-    def _text(self) -> str:
-        text = self.result.to_text(rows=self.rows)
-        return f"{self.note}\n{text}" if self.note else text
-
-    def _html(self) -> str:
-        html = self.result.to_html(rows=self.rows)
-        if self.note:
-            note = escape(self.note).replace("\n", "<br>")
-            box = f'<div class="gm-box" style="{BOX_STYLE["box"]}">{note}</div>'
-            html = wrap("profile-note", box) + html
-        return html
+PARSER.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two named runs (line magic)")
+PARSER.add_argument("--load", metavar="PATH", help="analyse a saved trace file or per-rank directory (line magic)")
 
 
 @magics_class
@@ -144,31 +83,25 @@ class ProfileMagics(Magics):
     def gpuprofile(self, line: str, cell: str | None = None) -> Any:
         """Profile a cell under torch.profiler: step-time breakdown, GPU idle, tables, diagnosis.
 
-        The line forms return their result: ``cmp = %gpuprofile --compare A B`` keeps it, a
-        bare call shows it as ``Out[]``, and a trailing ``;`` (or ``--quiet``, which returns
-        None unless -o) shows nothing. It is also stored in ``_gpuprofile_compare`` /
-        ``_gpuprofile``, and in NAME with -o NAME. ``%%gpuprofile -o`` returns the result in
-        place of the cell's value, as ``%timeit -o`` does. ``--compare`` gives each change
+        The line forms return their result (``cmp = %gpuprofile --compare A B`` keeps it, a
+        bare call shows it as ``Out[]``, a trailing ``;`` or ``--quiet`` shows nothing); it is
+        also kept in ``_gpuprofile_compare`` / ``_gpuprofile``. ``--compare`` gives each change
         with its 95% interval, and a verdict: faster, slower, or no difference beyond the noise.
 
-        Inside the cell, ``gpumagic.step()`` marks the end of a training step (a no-op
-        outside a profile); without marks each DataLoader batch starts a step, else the
-        whole cell is one step. Without a schedule the first marked step (first-call setup:
-        cuBLAS/cuDNN handles, lazy CUDA module loading, autotuning) is left out of the step
-        statistics when others follow; ``--keep-first`` keeps it. ``--repeat N`` runs the cell
-        N times: each run's steps are samples of the step time, so a comparison's interval
-        counts the noise from run to run, not only from step to step. The result
-        (``_gpuprofile``, and NAME with -o NAME) has ``.summary``, ``.breakdown``, ``.steps``,
-        ``.ops``, ``.kernels``, ``.idle``, ``.findings``, ``.notes`` and ``.export(path)``;
-        ``.lines`` (time per statement of the cell) and ``.modules`` (per ``nn.Module``
-        instance, forward and backward), and each finding's ``line``/``source``/``module`` say
-        where in the code the time went. ``--no-attribution`` leaves the cell uninstrumented.
+        Inside the cell, ``gpumagic.step()`` marks the end of a training step (a no-op outside
+        a profile); without marks each DataLoader batch starts a step, else the whole cell is
+        one step. Without a schedule the first marked step (first-call setup: cuBLAS/cuDNN
+        handles, lazy CUDA module loading, autotuning) is left out of the step statistics
+        when others follow. The result (``_gpuprofile``) has ``.summary``, ``.breakdown``,
+        ``.steps``, ``.ops``, ``.kernels``, ``.idle``, ``.findings``, ``.notes`` and
+        ``.export(path)``; ``.lines`` (time per statement of the cell) and ``.modules`` (per
+        ``nn.Module`` instance, forward and backward), and each finding's
+        ``line``/``source``/``module`` say where in the code the time went.
         """
         __tracebackhide__ = True
         opts = PARSER.parse_line(without_silencer(line) if cell is None else line)
         if opts is None:  # -h: the help was printed
             return None
-        PARSER.check_variable("-o", output_name(opts))
         PARSER.check_variable("-n", opts.name)
         if opts.rows < 1:
             raise PARSER.usage_error("--rows must be at least 1")
@@ -187,14 +120,12 @@ class ProfileMagics(Magics):
         # Returned, not display()ed: IPython shows the value once as Out[] (a trailing ";"
         # drops it, through @output_can_be_silenced) and `x = %gpuprofile ...` keeps it.
         # --quiet asks for nothing shown, and a returned value would show, so it returns None.
+        result: Any
         if opts.compare:
             from gpumagic.profile.compare import compare
 
-            a, b = (self._run_named(n) for n in opts.compare)
-            comparison = compare(a, b)
-            self._store(comparison, opts, kind="comparison")
-            return None if opts.quiet and not returns_result(opts) else comparison
-        if opts.load:
+            result = compare(*(self._run_named(n) for n in opts.compare))
+        elif opts.load:
             from gpumagic.profile.load import load_trace
             from gpumagic.profile.trace.errors import TraceError
 
@@ -202,10 +133,10 @@ class ProfileMagics(Magics):
                 result = load_trace(opts.load)
             except TraceError as exc:
                 raise PARSER.usage_error(str(exc)) from None
-            result.display_rows = opts.rows  # the Out[] and any later display of it
-            self._store(result, opts)
-            return None if opts.quiet and not returns_result(opts) else result
-        raise PARSER.usage_error("as a line magic, give --compare A B or --load PATH")
+        else:
+            raise PARSER.usage_error("as a line magic, give --compare A B or --load PATH")
+        self._store(result, opts)
+        return None if opts.quiet and not returns_result(opts) else result
 
     def _run_named(self, name: str) -> Any:
         from gpumagic.profile.result import ProfileResult
@@ -222,6 +153,7 @@ class ProfileMagics(Magics):
     def _profile(self, opts: Any, cell: str, line: str) -> Any:
         __tracebackhide__ = True
         from gpumagic.cell import ShellCompiler, prepare
+        from gpumagic.profile.record.repeat import Repeats
 
         shell: Any = self.shell
         prepared = prepare(
@@ -230,14 +162,15 @@ class ProfileMagics(Magics):
         # the temporary trace file's name says nothing: a cell is known by its In[n]
         number = running_cell_number(shell)
         name = opts.name or (f"cell In[{number}]" if number is not None else "cell")
-        earlier: list[Any] = []  # the analysed results of the runs before the last
+        repeats = Repeats(opts.repeat)
         value = None
-        for i in range(opts.repeat):
-            value = self._run_once(prepared, opts, name, earlier, last=i == opts.repeat - 1)
+        for last in repeats:
+            value = self._run_once(prepared, opts, name, repeats, last)
         return value
 
-    def _run_once(self, prepared: Any, opts: Any, name: str, earlier: list[Any], last: bool) -> Any:
-        """One profiled run of the cell (of ``--repeat N``); the cell's value."""
+    def _run_once(self, prepared: Any, opts: Any, name: str, repeats: Any, last: bool) -> Any:
+        """One profiled run of the cell (of ``--repeat N``): the cell's value, or with -o
+        (after the last run) the result."""
         __tracebackhide__ = True
         from gpumagic.cell import run_measured
         from gpumagic.profile.record.recorder import RecordError, RecordOptions
@@ -262,81 +195,50 @@ class ProfileMagics(Magics):
             raise PARSER.usage_error(f"%%gpuprofile needs torch: {exc}") from None
         except (RecordError, ValueError) as exc:  # one inside another; a bad schedule
             raise PARSER.usage_error(str(exc)) from None
-
-        def live_html() -> str:
-            return profile_live_html(run.status())
-
         # one display slot per cell: the runs before the last of --repeat N show none (a
         # live view would leave an empty output behind each of them)
         mode = "off" if opts.quiet or not last else None
-        view = LiveView(live_html, delay=1.0, interval=1.0, mode=mode)
-        present, kept = self._presenter(view, opts, earlier, last)
+        view = LiveView(lambda: profile_live_html(run.status()), delay=1.0, interval=1.0, mode=mode)
+        kept: list[Any] = []
+
+        def present(done: Any) -> Any:
+            self.last_live_frames = view.pushes
+            # None: the ending was interrupted, or a run kept as samples for the last one
+            done = repeats.end(done, last) if done is not None else None
+            if done is None:
+                return None
+            if done.result is not None:  # a partial result too: the user may look into it
+                self._store(done.result, opts)
+                kept.append(done.result)
+            return None if opts.quiet else _shown(done, opts)
+
         shell: Any = self.shell
         value = run_measured(
             shell.user_global_ns, prepared, run, LiveResult(view, present), local_ns=shell.user_ns
         )
-        if last and returns_result(opts) and "result" in kept:
-            # -o: the result is the magic's value (Out[] shows it with --rows rows)
-            kept["result"].display_rows = opts.rows
-            return kept["result"]
-        return value
+        # -o: the result is the magic's value (Out[] shows it with --rows rows)
+        return kept[0] if last and returns_result(opts) and kept else value
 
-    def _presenter(
-        self, view: Any, opts: Any, earlier: list[Any], last: bool
-    ) -> tuple[Any, dict[str, Any]]:
-        """What ends one run of ``--repeat N``: a run before the last keeps its result as
-        samples and shows nothing, unless the cell failed there (then, as the last run, it
-        shows what the runs so far measured, and the cell's error ends the repeats). The dict
-        receives the result shown, for ``-o``."""
+    def _store(self, result: Any, opts: Any) -> None:
+        """Keep a result in ``_gpuprofile`` (a comparison in ``_gpuprofile_compare``), a
+        profiled cell's under -n NAME for --compare too; a profile shows --rows rows, where
+        it is made and whenever it shows again."""
+        from gpumagic.profile.result import ProfileResult
 
-        kept: dict[str, Any] = {}
-
-        def present(done: Any) -> Any:
-            self.last_live_frames = view.pushes
-            if done is None:
-                return None
-            if not last and not done.cell_error and done.analysed and done.result is not None:
-                earlier.append(done.result)
-                return None
-            if done.result is not None and earlier:
-                done.result = done.result.with_earlier_runs(earlier)
-            if done.result is not None:
-                kept["result"] = done.result
-            return self._kept_and_shown(done, opts)
-
-        return present, kept
-
-    def _kept_and_shown(self, done: Any, opts: Any) -> Any:
-        """Keep the result under its names; what to show in the live view's place."""
-        if done is None:  # the ending was interrupted: nothing to keep
-            return None
-        if done.result is not None:  # a partial result too: the user may look into it
-            self._store(done.result, opts)
-            if opts.name:
-                self.runs[opts.name] = done.result
-        return _shown(opts, done)
-
-    def _store(self, result: Any, opts: Any, kind: str = "profile") -> None:
         ns = self.shell.user_ns  # type: ignore[union-attr]
-        ns["_gpuprofile" if kind == "profile" else "_gpuprofile_compare"] = result
-        if output_name(opts):
-            ns[output_name(opts)] = result
+        if not isinstance(result, ProfileResult):
+            ns["_gpuprofile_compare"] = result
+            return
+        result.display_rows = opts.rows
+        ns["_gpuprofile"] = result
+        if opts.name and not opts.load:
+            self.runs[opts.name] = result
 
 
-def _shown(opts: Any, done: Any) -> Any:
-    """The report (with notes on top), or a note saying why there is none; None if quiet."""
-    if opts.quiet:
-        return None
-    notes = []
-    if done.cell_error:
-        notes.append(
-            f"The cell failed ({done.cell_error}); the profile covers what ran before."
-        )
-    notes += [f"%%gpuprofile: {p}" for p in done.problems]
-    if done.analysed and done.result is not None:
-        if returns_result(opts):  # the report is the magic's value: only the notes here
-            return Note("\n".join(notes), "profile-note", box=True) if notes else None
-        return _Display(done.result, opts.rows, "\n".join(notes))
-    if not done.problems:
-        notes.append("%%gpuprofile: no profile was recorded")
-    return Note("\n".join(notes), "profile-note", box=True)
+def _shown(done: Any, opts: Any) -> Any:
+    """The report with the core's notes on top; the notes alone where there is no report,
+    or where the report is the magic's value (-o)."""
+    notes = "\n".join(done.notes())
+    if done.reported and not returns_result(opts):
+        return Noted(done.result, notes, "profile-note")
+    return Note(notes, "profile-note", box=True) if notes else None

@@ -13,31 +13,19 @@ PARSER = MagicParser(
     description="Pick the least-loaded GPUs of a shared box and make them this kernel's GPUs "
     "(sets CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER=PCI_BUS_ID); run it before CUDA starts.",
 )
-PARSER.add_argument("count", nargs="?", default=None, metavar="N", help="how many GPUs (default 1)")
-# nvitop's names (its nvisel command and select_devices(min_free_memory=...,
-# max_gpu_utilization=...)); the shorter spellings of earlier versions stay as aliases.
 PARSER.add_argument(
-    "-n", "--count", dest="count_option", metavar="N", help="how many GPUs, as nvisel -n N"
+    "count", nargs="?", default=None, metavar="N", help="how many GPUs (default 1), nvisel's -n N"
 )
+# nvitop's names (its nvisel command and select_devices(min_free_memory=...,
+# max_gpu_utilization=...))
 PARSER.add_argument(
-    "-f",
-    "--min-free-memory",
-    "--min-free",
-    dest="min_free",
-    metavar="SIZE",
+    "-f", "--min-free-memory", dest="min_free", metavar="SIZE",
     help="only GPUs with at least this much free memory (8GiB, 500MiB)",
 )
 PARSER.add_argument(
-    "-G",
-    "--max-gpu-utilization",
-    "--max-util",
-    dest="max_util",
-    metavar="PCT",
-    help="only GPUs at most this busy (percent)",
+    "-G", "--max-gpu-utilization", dest="max_util", metavar="PCT", help="only GPUs at most this busy (percent)"
 )
-PARSER.add_argument(
-    "--no-others", action="store_true", help="only GPUs no other process is using"
-)
+PARSER.add_argument("--no-others", action="store_true", help="only GPUs no other process is using")
 
 
 @magics_class
@@ -63,20 +51,17 @@ class SelectMagics(Magics):
         opts = PARSER.parse_line(without_silencer(line))
         if opts is None:  # -h: the help was printed
             return None
-        if opts.count is not None and opts.count_option is not None:
-            raise PARSER.usage_error("give N once: as the first word or with -n/--count")
-        given = opts.count if opts.count is not None else opts.count_option
         try:
-            count = int(given) if given is not None else 1
+            count = int(opts.count) if opts.count is not None else 1
         except ValueError:
-            raise PARSER.usage_error(f"N must be a whole number of GPUs, got {given!r}") from None
+            raise PARSER.usage_error(f"N must be a whole number of GPUs, got {opts.count!r}") from None
         max_util: float | None = None
         if opts.max_util is not None:
             try:
                 max_util = parse_percent(opts.max_util)
             except ValueError:
                 raise PARSER.usage_error(
-                    f"--max-util must be a percentage, got {opts.max_util!r}"
+                    f"--max-gpu-utilization must be a percentage, got {opts.max_util!r}"
                 ) from None
         try:
             return select_gpus(

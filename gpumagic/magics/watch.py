@@ -10,7 +10,6 @@ from IPython.core.magic import Magics, line_magic, magics_class, output_can_be_s
 from gpumagic.magics.args import (
     MagicParser,
     documented,
-    output_name,
     output_option,
     returns_result,
     without_silencer,
@@ -23,71 +22,43 @@ PARSER = MagicParser(
     "without a GPU); with --prometheus, every GPU of a multi-node job from its DCGM exporters.",
 )
 PARSER.add_argument(
-    "action",
-    nargs="?",
-    default="start",
-    choices=["start", "stop", "status"],
+    "action", nargs="?", default="start", choices=["start", "stop", "status"],
     help="start (the default) a watch and its live chart; status: the values now and the "
     "alerts; stop: the summary, per-cell peaks and the CSV path",
 )
-# -i/--interval as nvitop's --interval; nvidia-smi's spellings (-l/--loop, --id,
-# -f/--filename) are accepted too, for what they mean there.
+# -i/--interval as nvitop's --interval. nvidia-smi's names for the same options are in their
+# help, not accepted: each option has one spelling, and the help names it for a -l or --id.
 PARSER.add_argument(
-    "-i",
-    "--interval",
-    "-l",
-    "--loop",
-    dest="interval",
-    type=float,
-    default=None,
-    metavar="SECONDS",
-    help="seconds between samples (floor 0.1; default 1, or 5 with --prometheus)",
+    "-i", "--interval", type=float, default=None, metavar="SECONDS",
+    help="seconds between samples, nvidia-smi's -l/--loop (floor 0.1; default 1, or 5 with --prometheus)",
 )
 PARSER.add_argument(
-    "--log",
-    "-f",
-    "--filename",
-    dest="log",
-    metavar="FILE.csv",
-    help="append every sample to this CSV (nvidia-smi column names)",
+    "--log", metavar="FILE.csv", help="append every sample to this CSV (nvidia-smi's -f/--filename; its column names)"
 )
-PARSER.add_argument(
-    "--gpus",
-    "--id",
-    dest="gpus",
-    metavar="0,1",
-    help="CUDA indexes to watch (default: all visible)",
-)
-PARSER.add_argument(
-    "--window", type=float, default=300.0, metavar="SECONDS", help="history kept and drawn"
-)
+PARSER.add_argument("--gpus", metavar="0,1", help="CUDA indexes to watch, nvidia-smi's --id (default: all visible)")
+PARSER.add_argument("--window", type=float, default=300.0, metavar="SECONDS", help="history kept and drawn")
 output_option(PARSER, "start returns the Watcher; status and stop return theirs anyway")
 PARSER.add_argument(
-    "--price",
-    metavar="DOLLARS_PER_HOUR",
+    "--price", metavar="DOLLARS_PER_HOUR",
     help="what the instance costs per hour: a cost_usd on every cell, the total and the idle "
     "share; with --prometheus, dollars per GPU-hour, times the job's GPUs",
 )
 PARSER.add_argument(
-    "--idle-alert",
-    metavar="DURATION",
+    "--idle-alert", metavar="DURATION",
     help="alert when every GPU has been idle this long (30m, 2h, 90 = seconds) while this "
     "kernel holds GPU memory; without a GPU, while no cell runs",
 )
 PARSER.add_argument(
-    "--prometheus",
-    metavar="URL",
+    "--prometheus", metavar="URL",
     help="watch a job's GPUs on every node: the DCGM exporter series this Prometheus holds "
     "(http://prometheus:9090)",
 )
 PARSER.add_argument(
-    "--selector",
-    metavar="LABELS",
+    "--selector", metavar="LABELS",
     help='with --prometheus, PromQL label matchers picking the job\'s GPUs: Hostname=~"node-[0-3]"',
 )
 PARSER.add_argument(
-    "--serve",
-    metavar="[HOST:]PORT",
+    "--serve", metavar="[HOST:]PORT",
     help="also serve this kernel's samples for Prometheus at http://HOST:PORT/metrics (DCGM "
     "names for GPU series; HOST defaults to 127.0.0.1, 0.0.0.0 lets other machines scrape)",
 )
@@ -149,7 +120,6 @@ class WatchMagics(Magics):
         opts = PARSER.parse_line(without_silencer(line))
         if opts is None:  # -h: the help was printed
             return None
-        PARSER.check_variable("-o", output_name(opts))  # before a stop: a bad name stops nothing
         if opts.action == "start":
             return self._start(opts)
         given = [
@@ -176,8 +146,6 @@ class WatchMagics(Magics):
         result = running.stop()
         ns = self.shell.user_ns  # type: ignore[union-attr]
         ns["_gpuwatch"] = result
-        if output_name(opts):
-            ns[output_name(opts)] = result
         return result
 
     def _start(self, opts: Any) -> Any:

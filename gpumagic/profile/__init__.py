@@ -8,8 +8,9 @@ ones before it (``import-linter`` checks it, see ``pyproject.toml``):
 * :mod:`~gpumagic.profile.analysis` - steps, the step-time breakdown, GPU idle,
   communication, time per line and per module, locating evidence in the code;
 * :mod:`~gpumagic.profile.rules` - the diagnosis: one module per family of findings;
-* :mod:`~gpumagic.profile.result`, :mod:`~gpumagic.profile.load`,
-  :mod:`~gpumagic.profile.compare` - what a user holds, and how it is made;
+* :mod:`~gpumagic.profile.result` (its headline numbers: :mod:`~gpumagic.profile.summary`),
+  :mod:`~gpumagic.profile.load`, :mod:`~gpumagic.profile.compare` - what a user holds, and how
+  it is made;
 * :mod:`~gpumagic.profile.record` - recording a cell under ``torch.profiler`` and
   finishing the run (it hands the trace to ``load``, so it sits on top).
 
@@ -26,6 +27,7 @@ _LAZY = {
     "from_profiler": ("gpumagic.profile.load", "from_profiler"),
     "RankTaskError": ("gpumagic.profile.ranks", "RankTaskError"),
     "ProfileResult": ("gpumagic.profile.result", "ProfileResult"),
+    "ProfileSummary": ("gpumagic.profile.summary", "ProfileSummary"),
     "Comparison": ("gpumagic.profile.compare", "Comparison"),
     "Finding": ("gpumagic.profile.rules.base", "Finding"),
     "LiveState": ("gpumagic.profile.trace.session", "LiveState"),

@@ -144,8 +144,8 @@ class Comparison(Rendered):
         rows = []
         for metric in _METRICS:
             d = self.differences.get(metric)
-            a = sa[metric] if d is None else d.a
-            b = sb[metric] if d is None else d.b
+            a = getattr(sa, metric) if d is None else d.a
+            b = getattr(sb, metric) if d is None else d.b
             low, high = d.interval if d is not None and d.interval else (np.nan, np.nan)
             verdict = "" if d is None else _WORDS.get(metric, {}).get(d.verdict, d.verdict)
             rows.append((metric, a, b, low, high, verdict))
@@ -304,7 +304,7 @@ class Comparison(Rendered):
     def step_time_change_percent(self) -> float | None:
         """The mean step time's change, percent (a point estimate; :attr:`step_time` is the
         median's, with its interval and verdict)."""
-        a, b = self.a.summary["step_time_us"], self.b.summary["step_time_us"]
+        a, b = self.a.summary.step_time_us, self.b.summary.step_time_us
         return 100.0 * (b - a) / a if a else None
 
     @property

@@ -17,15 +17,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from gpumagic.profile.analysis.breakdown import CATEGORIES
 from gpumagic.profile.analysis.trace_analysis import Analysis, IdleReport
-from gpumagic.profile.ranks import Rank, RankSummary, communication_row, own_work_us, slow_ranks
+from gpumagic.profile.ranks import Rank, RankSummary, own_work_us, slow_ranks
 from gpumagic.profile.rules.base import Finding
 from gpumagic.profile.rules.registry import diagnose
+from gpumagic.profile.summary import ProfileSummary, summarise
 from gpumagic.profile.trace.session import LiveState
 from gpumagic.render.html import Rendered
 
@@ -34,8 +34,9 @@ if TYPE_CHECKING:
 
     from gpumagic.render.sections import Report
 
-# Table rows a result shows by default: a terminal has less room than a notebook.
-TEXT_ROWS, HTML_ROWS = 10, 15
+# Table rows a result shows unless told (display_rows, or a method's rows=): a terminal has
+# less room than a notebook, and an exported page has room for more.
+TEXT_ROWS, HTML_ROWS, PAGE_ROWS = 10, 15, 50
 
 
 class ProfileResult(Rendered):
@@ -61,8 +62,10 @@ class ProfileResult(Rendered):
         self.source = source
         self.live = live
         self.name = name or Path(source).name
-        # Table rows when the result shows itself (Out[], display()); None: the renderers'
-        # defaults. %gpuprofile --load --rows N sets it on the result it returns.
+        # Table rows whenever the result shows itself (Out[], display(), to_text(), to_html());
+        # None: TEXT_ROWS as text, HTML_ROWS as HTML. %gpuprofile --rows N sets it on every
+        # result it keeps, so it shows the same rows later as where it was made. This is the
+        # one choice of rows (see table_rows); only export() and the CLI pass their own.
         self.display_rows: int | None = None
         # What the recording itself tells about the trace (no GPU events although CUDA was
         # recorded; the profiler stopped collecting early), and what the traces' own events
@@ -172,7 +175,7 @@ class ProfileResult(Rendered):
 
     def category_samples(self) -> list[np.ndarray]:
         """Per run, µs of each breakdown category in each analysed step (steps x
-        :data:`CATEGORIES`)."""
+        :data:`~gpumagic.profile.analysis.breakdown.CATEGORIES`)."""
         return [np.asarray(r.primary.breakdown.us, float) for r in self.runs]
 
     def metric_samples(self) -> dict[str, list[np.ndarray]]:
@@ -198,11 +201,18 @@ class ProfileResult(Rendered):
 
     def with_earlier_runs(self, earlier: list[ProfileResult]) -> ProfileResult:
         """The same run, holding ``earlier`` runs of the same cell as further samples."""
-        out = ProfileResult(self._ranks, self.source, self.live, self.name)
+        out = self._same_run(self.live)
+        out.earlier_runs = [r for e in earlier for r in e.runs]
+        return out
+
+    def _same_run(self, live: LiveState | None) -> ProfileResult:
+        """A new result of the same analyses (its summary and findings made again), with
+        everything else this one holds."""
+        out = ProfileResult(self._ranks, self.source, live, self.name)
         out.notes = list(self.notes)
         out.display_rows = self.display_rows
         out.reduced_by = self.reduced_by
-        out.earlier_runs = [r for e in earlier for r in e.runs]
+        out.earlier_runs = list(self.earlier_runs)
         if "primary" in self.__dict__:  # already read: the new result need not read it again
             out.__dict__["primary"] = self.__dict__["primary"]
         return out
@@ -210,71 +220,21 @@ class ProfileResult(Rendered):
     # --- the tables ------------------------------------------------------------------
 
     @cached_property
-    def summary(self) -> dict[str, Any]:
-        """Headline numbers (µs, percent, counts) for the run."""
-        a = self.primary
-        st, bd = a.steps, a.breakdown
-        n = max(len(st), 1)
-        idle = a.idle
-        devices = a.devices
-        trace = a.trace
-        used = [trace.device(d.device) for d in devices]
-
-        def mean(values: list[float | None]) -> float | None:
-            vals = [v for v in values if v is not None]
-            return float(sum(vals) / len(vals)) if vals else None
-
-        out: dict[str, Any] = {
-            "source": self.source,
-            "rank": trace.rank,
-            "ranks": len(self._ranks),
-            "slowest_rank": self.slowest_rank,
-            "wall_time_us": trace.end - trace.start,
-            "profiled_span_us": st.span[1] - st.span[0],
-            "steps": len(st),
-            "step_names": list(st.names),
-            "steps_from": st.source,
-            "steps_dropped": st.dropped,
-            "first_step_left_out": st.first_left_out,
-            # a trace without step marks: its start-up phase (µs, and what it holds), and
-            # whether the step starts after it (the figures leave it out) or holds it
-            "startup_us": st.startup.us if st.startup is not None else 0.0,
-            "startup": st.startup.describe() if st.startup is not None else "",
-            "startup_left_out": st.startup_left_out,
-            "step_time_us": bd.mean_step_us,
-            "step_time_min_us": float(st.duration.min()) if len(st) else 0.0,
-            "step_time_max_us": float(st.duration.max()) if len(st) else 0.0,
-            "gpu_utilization_percent": a.gpu_utilization_percent,
-            "sm_efficiency_percent": mean([d.sm_efficiency_percent for d in devices]),
-            "achieved_occupancy_percent": mean([d.occupancy_percent for d in devices]),
-            "gpu_idle_us_per_step": sum(idle.device_us.values()) / n if trace.has_gpu else None,
-            "gpu_idle_split_us_per_step": {k: v / n for k, v in idle.device_us.items()}
-            if trace.has_gpu
-            else None,
-            "breakdown_percent": dict(zip(CATEGORIES, bd.percent.tolist())),
-            "devices": sorted({d.name for d in used if d is not None}),
-            "cpu_only": not trace.has_gpu,
-            "events": trace.events,
-            "findings": len(self.findings),
-        }
-        out.update(self._communication_summary())
-        out.update(self._noise_summary())
-        return out
-
-    def _noise_summary(self) -> dict[str, Any]:
-        from gpumagic.profile.analysis import noise
-
-        samples = self.step_samples
-        return {
-            "runs": len(samples),
-            "step_time_median_us": noise.point(samples),
-            # the 95% interval of the median step time (None with fewer than 3 steps)
-            "step_time_median_interval_us": noise.interval(samples),
-        }
+    def summary(self) -> ProfileSummary:
+        """Headline numbers (µs, percent, counts) for the run: see :class:`ProfileSummary`."""
+        return summarise(
+            self.primary,
+            source=self.source,
+            ranks=len(self._ranks),
+            slowest_rank=self.slowest_rank,
+            findings=len(self.findings),
+            collective_wait_us_per_step=self._collective_waits[self._primary_index],
+            step_samples=self.step_samples,
+        )
 
     @cached_property
     def breakdown(self) -> pd.DataFrame:
-        """Mean µs per step and percent of the step, per category (index: :data:`CATEGORIES`)."""
+        """Mean µs per step and percent of the step, per category (index: :data:`~gpumagic.profile.analysis.breakdown.CATEGORIES`)."""
         return self.primary.breakdown_frame()
 
     @cached_property
@@ -336,26 +296,6 @@ class ProfileResult(Rendered):
         return waits_from_durations(
             [r.call_durations() for r in self._ranks], [r.step_count for r in self._ranks]
         )
-
-    def _communication_summary(self) -> dict[str, Any]:
-        a = self.primary
-        comms = a.comms
-        i = self._primary_index
-        percent = dict(zip(CATEGORIES, a.breakdown.percent.tolist()))
-        us = dict(zip(CATEGORIES, a.breakdown.mean_us.tolist()))
-        return {
-            "communication_percent": percent["Communication"],
-            "communication_us_per_step": us["Communication"],
-            "communication_overlap_percent": comms.overlap_percent,
-            "communication_exposed_us_per_step": communication_row(a)[
-                "communication_only_us_per_step"
-            ]
-            if comms.present
-            else 0.0,
-            "communication_busy_percent": comms.busy_percent(a.steps),
-            "collective_calls": len(comms.calls),
-            "collective_wait_us_per_step": self._collective_waits[i],
-        }
 
     @cached_property
     def lines(self) -> pd.DataFrame:
@@ -420,43 +360,51 @@ class ProfileResult(Rendered):
 
     def with_live(self, live: LiveState | None) -> ProfileResult:
         """The same analysis, diagnosed with session facts (see :mod:`gpumagic.profile.live`)."""
-        out = ProfileResult(self._ranks, self.source, live, self.name)
-        out.notes = list(self.notes)
-        out.earlier_runs = list(self.earlier_runs)
-        if "primary" in self.__dict__:  # already read: the new result need not read it again
-            out.__dict__["primary"] = self.__dict__["primary"]
-        return out
+        return self._same_run(live)
 
     # --- output ----------------------------------------------------------------------
+
+    def table_rows(self, form: Literal["text", "html", "page"], rows: int | None = None) -> int:
+        """Rows in each table of the report as ``form`` ("text", "html" or "page"): ``rows``
+        where given, else :attr:`display_rows`, else the form's default. A page (``export``)
+        has its own default and takes no display_rows: it is a file, not a display."""
+        if rows is not None:
+            return rows
+        if form == "page":
+            return PAGE_ROWS
+        if self.display_rows is not None:
+            return self.display_rows
+        return TEXT_ROWS if form == "text" else HTML_ROWS
 
     def _report(self) -> Report:
         from gpumagic.render.profile import profile_report
 
-        return profile_report(self, TEXT_ROWS if self.display_rows is None else self.display_rows)
+        return profile_report(self, self.table_rows("text"))
 
     def _text(self) -> str:
-        return self.to_text(TEXT_ROWS if self.display_rows is None else self.display_rows)
+        return self.to_text()
 
     def _html(self) -> str:
-        return self.to_html(HTML_ROWS if self.display_rows is None else self.display_rows)
+        return self.to_html()
 
-    def to_text(self, rows: int = 10) -> str:
-        """The report as text, ``rows`` rows in each table."""
+    def to_text(self, rows: int | None = None) -> str:
+        """The report as text, ``rows`` rows in each table (see :meth:`table_rows`)."""
         from gpumagic.render.profile import profile_report
 
-        return profile_report(self, rows).text()
+        return profile_report(self, self.table_rows("text", rows)).text()
 
-    def to_html(self, rows: int = 15) -> str:
-        """The report as HTML, ``rows`` rows in each table (no stylesheet: see
-        :mod:`gpumagic.render.html`; ``export`` writes a page with one)."""
+    def to_html(self, rows: int | None = None) -> str:
+        """The report as HTML, ``rows`` rows in each table (see :meth:`table_rows`; no
+        stylesheet: see :mod:`gpumagic.render.html`; ``export`` writes a page with one)."""
         from gpumagic.render.profile import profile_report
 
-        return profile_report(self, rows).html(style=False)
+        return profile_report(self, self.table_rows("html", rows)).html(style=False)
 
-    def export(self, path: str | Path, rows: int = 50) -> Path:
-        """Write a self-contained HTML report (no scripts, no external files)."""
+    def export(self, path: str | Path, rows: int | None = None) -> Path:
+        """Write a self-contained HTML report (no scripts, no external files), ``rows`` rows
+        in each table (default 50)."""
         from gpumagic.render.profile import report_document
 
         out = Path(path)
-        out.write_text(report_document(self, rows=rows), encoding="utf-8")
+        out.write_text(report_document(self, self.table_rows("page", rows)), encoding="utf-8")
         return out

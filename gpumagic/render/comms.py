@@ -32,22 +32,22 @@ def headline_items(r: ProfileResult) -> list[tuple[str, str]]:
         return []
     s = r.summary
     text = (
-        f"{fmt_percent(s['communication_percent'])} of the step "
-        f"({fmt_us(s['communication_us_per_step'])} per step)"
+        f"{fmt_percent(s.communication_percent)} of the step "
+        f"({fmt_us(s.communication_us_per_step)} per step)"
     )
-    if s["communication_overlap_percent"] is not None:
-        text += f", {fmt_percent(s['communication_overlap_percent'])} of it overlaps computation"
-    text += f"; {fmt_us(s['communication_exposed_us_per_step'])} per step not overlapped"
+    if s.communication_overlap_percent is not None:
+        text += f", {fmt_percent(s.communication_overlap_percent)} of it overlaps computation"
+    text += f"; {fmt_us(s.communication_exposed_us_per_step)} per step not overlapped"
     items = [("communication", text)]
-    if s["collective_wait_us_per_step"] is not None:
+    if s.collective_wait_us_per_step is not None:
         items.append(
-            ("waiting in collectives", f"{fmt_us(s['collective_wait_us_per_step'])} per step")
+            ("waiting in collectives", f"{fmt_us(s.collective_wait_us_per_step)} per step")
         )
     return items
 
 
 def _collectives_table(r: ProfileResult, rows: int) -> Table:
-    ranks = r.summary["ranks"] > 1
+    ranks = r.summary.ranks > 1
     columns = [Column("rank", "rank", align="left")] if ranks else []
     columns += [
         Column("collective", "name", align="left"),
@@ -66,7 +66,7 @@ def _collectives_table(r: ProfileResult, rows: int) -> Table:
 def _split_table(r: ProfileResult) -> Table:
     """The Distributed View's split per step, per rank where there are several (their
     means per step and the overlap share)."""
-    if r.summary["ranks"] > 1:
+    if r.summary.ranks > 1:
         rows = [
             {
                 "": f"rank {row['rank']}",
@@ -157,7 +157,7 @@ def communication_sections(r: ProfileResult, rows: int) -> list[Section]:
         ),
         KeyValues(headline_items(r)),
         Figure(lambda: overlap_svg(r)),
-        split if r.summary["ranks"] > 1 else only("text", split),
+        split if r.summary.ranks > 1 else only("text", split),
     ]
     frame = r.collectives
     if not frame.empty:

@@ -91,7 +91,7 @@ def _breakdown(c: Comparison) -> list[Section]:
     ]
     bars: list[Section] = []
     for name, result in ((a, c.a), (b, c.b)):
-        percent = result.summary["breakdown_percent"]
+        percent = result.summary.breakdown_percent
         bars += [
             only("html", Paragraph(name)),
             Figure(stacked_bar(percent), [f"{text_bar(percent)} {name}"]),

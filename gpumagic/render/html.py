@@ -173,3 +173,24 @@ class Note(Rendered):
     def _html(self) -> str:
         css, style = ("gm-box", BOX_STYLE["box"]) if self.box else ("gm-note", NOTE_STYLE)
         return wrap(self.kind, f'<div class="{css}" style="{style}">{escape_text(self.text)}</div>')
+
+
+class Noted(Rendered):
+    """A result with a boxed note on top: what went wrong on the way, above what came out
+    (``%%gpuprofile``: the cell's error and the problems met, above the report). The result
+    shows as it would alone, with the rows it chose."""
+
+    def __init__(self, result: Rendered, note: str, kind: str = "note") -> None:
+        self.result, self.note, self.kind = result, note, kind
+
+    def _text(self) -> str:
+        text = str(self.result)  # Rendered: the whole text report
+        return f"{self.note}\n{text}" if self.note else text
+
+    def _html(self) -> str:
+        html = self.result._repr_html_()
+        if self.note:
+            note = escape(self.note).replace("\n", "<br>")
+            box = f'<div class="gm-box" style="{BOX_STYLE["box"]}">{note}</div>'
+            html = wrap(self.kind, box) + html
+        return html

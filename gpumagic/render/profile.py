@@ -11,7 +11,7 @@ end runs an output's handlers.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gpumagic.render.comms import communication_sections
 from gpumagic.render.comms import headline_items as comms_headline_items
@@ -35,6 +35,7 @@ from gpumagic.units import fmt_count, fmt_interval, fmt_named, fmt_number, fmt_p
 if TYPE_CHECKING:
     from gpumagic.profile.result import ProfileResult
     from gpumagic.profile.rules.base import Finding
+    from gpumagic.profile.summary import ProfileSummary
 
 CATEGORY_COLORS = {
     "Kernel": "#3b7dd8",
@@ -53,42 +54,42 @@ IDLE_COLORS = {"host_wait": "#d9534f", "kernel_wait": "#f0ad4e", "other": "#b0b0
 _NAME_CHARS = 60, 90  # text, HTML: kernel names run to thousands of characters
 
 
-def _steps_label(s: dict[str, Any]) -> str:
-    names = s["step_names"]
-    if s["steps_from"] == "ProfilerStep" and names:
+def _steps_label(s: ProfileSummary) -> str:
+    names = s.step_names
+    if s.steps_from == "ProfilerStep" and names:
         label = f"ProfilerStep {names[0]}" + (f"-{names[-1]}" if len(names) > 1 else "")
-    elif s["steps_from"] == "DataLoader":
+    elif s.steps_from == "DataLoader":
         label = "one per DataLoader batch"
-    elif s.get("startup_left_out"):
+    elif s.startup_left_out:
         label = "no step marks: the trace after its start-up phase is one step"
     else:
         label = "the whole trace (no step marks)"
-    if s.get("first_step_left_out"):
+    if s.first_step_left_out:
         label += "; the first (setup) left out, --keep-first keeps it"
-    if s["steps_dropped"]:
-        label += f"; the last {s['steps_dropped']} dropped: its GPU work was not all recorded"
+    if s.steps_dropped:
+        label += f"; the last {s.steps_dropped} dropped: its GPU work was not all recorded"
     return label
 
 
-def _steps_count(s: dict[str, Any]) -> str:
+def _steps_count(s: ProfileSummary) -> str:
     """The step count: "6", or "5 of 6" when steps were left out of the statistics."""
-    recorded = s["steps"] + int(bool(s.get("first_step_left_out"))) + s["steps_dropped"]
-    return f"{s['steps']} of {recorded}" if recorded != s["steps"] else str(s["steps"])
+    recorded = s.steps + int(bool(s.first_step_left_out)) + s.steps_dropped
+    return f"{s.steps} of {recorded}" if recorded != s.steps else str(s.steps)
 
 
-def _step_time(s: dict[str, Any]) -> str:
+def _step_time(s: ProfileSummary) -> str:
     """Mean, min and max of the steps, and where there are enough steps, the median with
     its 95% interval (over every run of ``--repeat N``)."""
-    spread = f"min {fmt_us(s['step_time_min_us'])}, max {fmt_us(s['step_time_max_us'])}"
-    text = f"{fmt_us(s['step_time_us'])} ({spread})"
-    interval = s.get("step_time_median_interval_us")
-    runs = s.get("runs", 1)
+    spread = f"min {fmt_us(s.step_time_min_us)}, max {fmt_us(s.step_time_max_us)}"
+    text = f"{fmt_us(s.step_time_us)} ({spread})"
+    interval = s.step_time_median_interval_us
+    runs = s.runs
     if runs > 1:
         text = f"this run {text}"
     if interval is not None:
         over = f" over {runs} runs" if runs > 1 else ""
         text = (
-            f"median {fmt_us(s['step_time_median_us'])} "
+            f"median {fmt_us(s.step_time_median_us)} "
             f"({fmt_interval(interval, fmt_us)}){over}; mean {text}"
         )
     return text
@@ -97,47 +98,47 @@ def _step_time(s: dict[str, Any]) -> str:
 def _headline_items(r: ProfileResult) -> list[tuple[str, str]]:
     s = r.summary
     items = [
-        ("wall time", fmt_us(s["wall_time_us"])),
+        ("wall time", fmt_us(s.wall_time_us)),
         ("steps", f"{_steps_count(s)} ({_steps_label(s)})"),
     ]
-    if s.get("startup"):
+    if s.startup:
         kept = (
             "left out of every figure below (--keep-startup keeps it)"
-            if s["startup_left_out"]
+            if s.startup_left_out
             else "counted in the step"
         )
-        items.append(("start-up", f"{fmt_us(s['startup_us'])}, {kept}: {s['startup']}"))
+        items.append(("start-up", f"{fmt_us(s.startup_us)}, {kept}: {s.startup}"))
     items.append(("step time", _step_time(s)))
-    if s["cpu_only"]:
+    if s.cpu_only:
         items.append(("GPU", "none in this trace (CPU-only analysis)"))
     else:
         # communication kernels do not count as utilisation; say so where there are some
         util = (
             "GPU utilisation (compute kernels)"
-            if s["communication_busy_percent"]
+            if s.communication_busy_percent
             else "GPU utilisation"
         )
-        value = fmt_percent(s["gpu_utilization_percent"])
-        if s["communication_busy_percent"] and s["communication_overlap_percent"] is not None:
-            value += f"; communication {fmt_percent(s['communication_busy_percent'])} of the steps"
+        value = fmt_percent(s.gpu_utilization_percent)
+        if s.communication_busy_percent and s.communication_overlap_percent is not None:
+            value += f"; communication {fmt_percent(s.communication_busy_percent)} of the steps"
         items.append((util, value))
-        if s["sm_efficiency_percent"] is not None:
-            items.append(("est. SM efficiency", fmt_percent(s["sm_efficiency_percent"])))
-        if s["achieved_occupancy_percent"] is not None:
-            items.append(("achieved occupancy", fmt_percent(s["achieved_occupancy_percent"])))
-        items.append(("GPU idle", f"{fmt_us(s['gpu_idle_us_per_step'])} per step"))
+        if s.sm_efficiency_percent is not None:
+            items.append(("est. SM efficiency", fmt_percent(s.sm_efficiency_percent)))
+        if s.achieved_occupancy_percent is not None:
+            items.append(("achieved occupancy", fmt_percent(s.achieved_occupancy_percent)))
+        items.append(("GPU idle", f"{fmt_us(s.gpu_idle_us_per_step)} per step"))
     items += comms_headline_items(r)
-    if s["ranks"] > 1:
+    if s.ranks > 1:
         items.append(
-            ("ranks", f"{s['ranks']}, slowest: rank {s['slowest_rank']} (tables below are its)")
+            ("ranks", f"{s.ranks}, slowest: rank {s.slowest_rank} (tables below are its)")
         )
     return items
 
 
 def _title(r: ProfileResult) -> str:
     s = r.summary
-    devices = ", ".join(s["devices"]) if s["devices"] else ("CPU only" if s["cpu_only"] else "")
-    rank = f", rank {s['rank']}" if s["rank"] is not None and s["ranks"] == 1 else ""
+    devices = ", ".join(s.devices) if s.devices else ("CPU only" if s.cpu_only else "")
+    rank = f", rank {s.rank}" if s.rank is not None and s.ranks == 1 else ""
     return f"{r.name}{rank}" + (f" ({devices})" if devices else "")
 
 
@@ -187,7 +188,7 @@ def category_column(header: str = "category") -> Column:
 
 
 def _breakdown_sections(r: ProfileResult) -> list[Section]:
-    percent = r.summary["breakdown_percent"]
+    percent = r.summary.breakdown_percent
     rows = [{"category": c, **row} for c, row in r.breakdown.to_dict("index").items()]
     return [
         Heading(
@@ -270,7 +271,7 @@ def _findings_sections(r: ProfileResult) -> list[Section]:
 
 def _per_rank_sections(r: ProfileResult) -> list[Section]:
     s = r.summary
-    if s["ranks"] < 2:
+    if s.ranks < 2:
         return []
     columns = [
         Column("rank", lambda x: f"{x['rank']}" + (" (slowest)" if x["slowest"] else ""), align="left"),
@@ -285,7 +286,7 @@ def _per_rank_sections(r: ProfileResult) -> list[Section]:
     ]
     rows = r.per_rank.to_dict("records")
     return [
-        Heading("Per rank", f"slowest: rank {s['slowest_rank']}"),
+        Heading("Per rank", f"slowest: rank {s.slowest_rank}"),
         Table(columns, rows, highlight=lambda x: "hot" if x["slowest"] else ""),
         *slow_ranks_sections(r),
     ]
@@ -299,7 +300,7 @@ def timeline_svg(r: ProfileResult, width: int = 640) -> str:
         return ""
     label_w, row_h, gap = 110, 12, 4
     plot_w = width - label_w - 70
-    strip_h = 0 if r.summary["cpu_only"] else 14
+    strip_h = 0 if r.summary.cpu_only else 14
     height = 18 + strip_h + (row_h + gap) * len(steps) + 6
     out = [svg_open(width, height)]
     y = 4
@@ -317,7 +318,7 @@ def timeline_svg(r: ProfileResult, width: int = 640) -> str:
                 )
         out.append(
             f'<text x="{label_w + plot_w + 4}" y="{y + 10}" class="dim">'
-            f"{escape(fmt_percent(r.summary['gpu_utilization_percent'] or 0))}</text>"
+            f"{escape(fmt_percent(r.summary.gpu_utilization_percent or 0))}</text>"
         )
         y += strip_h + 4
     longest = float(steps["duration_us"].max()) or 1.0
@@ -351,8 +352,8 @@ def _timeline_alt(r: ProfileResult) -> str:
     durations = r.steps["duration_us"].astype(float)
     busy = (
         ""
-        if r.summary["cpu_only"]
-        else f"; GPU busy {fmt_percent(r.summary['gpu_utilization_percent'] or 0)}"
+        if r.summary.cpu_only
+        else f"; GPU busy {fmt_percent(r.summary.gpu_utilization_percent or 0)}"
     )
     return (
         f"{len(durations)} steps, {fmt_us(float(durations.min()))} to "
@@ -389,9 +390,9 @@ def _cpu_meanwhile_html(ops: list[tuple[str, float]]) -> str:
 
 def _idle_sections(r: ProfileResult, rows: int) -> list[Section]:
     s = r.summary
-    if s["cpu_only"]:
+    if s.cpu_only:
         return []
-    split = s["gpu_idle_split_us_per_step"] or {}
+    split = s.gpu_idle_split_us_per_step or {}
     idle = r.idle
     sections: list[Section] = [
         Heading(
@@ -400,7 +401,7 @@ def _idle_sections(r: ProfileResult, rows: int) -> list[Section]:
             "CPU launched too late; kernel_wait: gaps under 30 µs between kernels)",
         ),
         KeyValues(
-            [("idle", fmt_us(s["gpu_idle_us_per_step"]))]
+            [("idle", fmt_us(s.gpu_idle_us_per_step))]
             + [(k, fmt_us(v)) for k, v in split.items()]
         ),
     ]
@@ -502,8 +503,9 @@ def _kernels_sections(r: ProfileResult, rows: int) -> list[Section]:
 # --- the report --------------------------------------------------------------------------
 
 
-def profile_report(r: ProfileResult, rows: int = 15) -> Report:
-    """The whole report, ``rows`` rows in each table."""
+def profile_report(r: ProfileResult, rows: int) -> Report:
+    """The whole report, ``rows`` rows in each table (the result chooses how many:
+    :meth:`~gpumagic.profile.result.ProfileResult.table_rows`)."""
     sections: list[Section] = [
         *(Paragraph(n, "box", prefix="note: ", css="gm-record-note") for n in r.notes),
         KeyValues(_headline_items(r)),
@@ -523,11 +525,11 @@ def profile_report(r: ProfileResult, rows: int = 15) -> Report:
     ]
     s = r.summary
     found = f"{len(r.findings)} finding{'s' if len(r.findings) != 1 else ''}"
-    summary = f"%%gpuprofile {_title(r)}: step time {fmt_us(s['step_time_us'])}, {found}"
+    summary = f"%%gpuprofile {_title(r)}: step time {fmt_us(s.step_time_us)}, {found}"
     return Report("profile", "%%gpuprofile", _title(r), sections, summary=summary)
 
 
-def report_document(r: ProfileResult, rows: int = 50) -> str:
+def report_document(r: ProfileResult, rows: int) -> str:
     """A standalone HTML page: the same report, no scripts and no external resources."""
     return (
         "<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"

@@ -58,7 +58,7 @@ def where_html(f: Finding) -> str:
 
 
 def _has_gpu(r: ProfileResult) -> bool:
-    return not r.summary["cpu_only"]
+    return not r.summary.cpu_only
 
 
 # --- lines -------------------------------------------------------------------------------

@@ -95,12 +95,12 @@ def _no_fakes(ns: dict) -> None:
 
 def test_prediction_is_stored_shown_and_the_namespace_unchanged(ip, run, ns):
     before = _snapshot(ns)
-    r = run("%%memfit --gpu T4 -o fit\n" + STEP)
+    r = run("%%memfit --gpu T4\n" + STEP)
     assert r.result.success, r.result.error_in_exec
     _same(before, _snapshot(ns))
     _no_fakes(ns)
     fit = ns["_memfit"]
-    assert ns["fit"] is fit
+    assert r.result.result is fit
     assert fit.fits is True
     assert fit.peak_line == 5 and fit.peak_source == "loss.backward()"
     assert set(fit.categories) == {"parameters", "gradients", "optimizer_state", "activations", "temporaries", "inputs"}
@@ -288,7 +288,7 @@ def test_within_the_headroom_the_verdict_is_none(ip, run, ns):
         ("--memory lots", "size must be like"),
         ("--gpu T4 --batch B", "--batch 'B': give VAR=v1,v2,..."),
         ("--gpu T4 --what-if faster", "unknown fix faster"),
-        ("-o 1x", "not a valid variable name"),
+        ("-o 1x", "unrecognized arguments: 1x"),  # -o returns the result: it takes no name
     ],
 )
 def test_bad_options_are_usage_errors(ip, run, ns, line, message):

@@ -182,12 +182,12 @@ def test_statements_on_one_line_and_multiline_statement(ip, run):
     assert t.lines.iloc[2]["source"].startswith("c = [")
 
 
-def test_result_storage_quiet_and_output_name(ip, run):
-    r = run("%%memtrace -q -o first\nx = 1\n")
+def test_result_storage_and_quiet(ip, run):
+    r = run("%%memtrace -q\nx = 1\n")
     assert r.outputs == []  # --quiet displays nothing
-    assert ip.user_ns["first"] is ip.user_ns["_memtrace"]
+    first = ip.user_ns["_memtrace"]
     r = run("%%memtrace\ny = 2\n")
-    assert ip.user_ns["_memtrace"] is not ip.user_ns["first"]
+    assert ip.user_ns["_memtrace"] is not first
     (bundle,) = r.bundles
     assert "text/plain" in bundle and "text/html" in bundle
     assert 'class="gpumagic gpumagic-memtrace"' in bundle["text/html"]

@@ -344,7 +344,7 @@ def test_demo_shows_optimizer_state_at_the_first_step_not_the_constructor(tmp_pa
     from gpumagic.__main__ import demo
 
     assert demo(tmp_path) == 0
-    t = InteractiveShell.instance().user_ns["demo_trace"]
+    t = InteractiveShell.instance().user_ns["_memtrace"]
     lines = rows(t)
     adam = next(ln for ln, src in zip(t.lines.line, t.lines.source) if "Adam(" in src)
     step = next(ln for ln, src in zip(t.lines.line, t.lines.source) if src.startswith("optimizer.step"))

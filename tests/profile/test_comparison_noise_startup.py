@@ -274,7 +274,7 @@ def _cell_with_setup_step(path):
 def test_lines_modules_ops_and_kernels_count_the_steps_the_statistics_count(tmp_path):
     r = _cell_with_setup_step(tmp_path / "cell.json")
     s = r.summary
-    assert s["steps"] == 2 and s["first_step_left_out"]
+    assert s.steps == 2 and s.first_step_left_out
     lines = r.lines.set_index("line")
     # the setup step's hit and the code before the loop are out, as in the step statistics
     assert list(lines.index) == [3]
@@ -285,13 +285,13 @@ def test_lines_modules_ops_and_kernels_count_the_steps_the_statistics_count(tmp_
     assert r.ops.set_index("name").loc["aten::mm", "calls"] == 2
     assert r.kernels.set_index("name").loc["volta_sgemm_128x64_nn", "calls"] == 2
     # per line, no more time than a whole step per hit
-    assert lines.loc[3, "host_us"] / lines.loc[3, "hits"] <= s["step_time_max_us"]
+    assert lines.loc[3, "host_us"] / lines.loc[3, "hits"] <= s.step_time_max_us
 
 
 def test_keep_first_puts_the_setup_step_back_everywhere(tmp_path):
     r = _cell_with_setup_step(tmp_path / "cell.json")
     kept = load_trace(tmp_path / "cell.json", labels=r.primary.trace.code.labels)
-    assert kept.summary["steps"] == 3
+    assert kept.summary.steps == 3
     assert kept.lines.set_index("line").loc[3, "hits"] == 3
     assert kept.ops.set_index("name").loc["aten::mm", "calls"] == 3
 
@@ -302,18 +302,18 @@ def test_keep_first_puts_the_setup_step_back_everywhere(tmp_path):
 def test_a_trace_without_step_marks_names_its_start_up_and_leaves_it_out(load):
     r = load("a100_alexnet_syncs.json.gz")
     s = r.summary
-    assert s["steps_from"] == "trace" and s["startup_left_out"]
+    assert s.steps_from == "trace" and s.startup_left_out
     # the first CUDA call of the process blocks ~30 s creating the context
-    assert "cudaDeviceGetStreamPriorityRange" in s["startup"]
-    assert s["startup_us"] > 40e6
-    assert s["step_time_us"] < 0.1 * s["wall_time_us"]
+    assert "cudaDeviceGetStreamPriorityRange" in s.startup
+    assert s.startup_us > 40e6
+    assert s.step_time_us < 0.1 * s.wall_time_us
     text = r.to_text()
     assert "no step marks" in text and "start-up: 42.2 s, left out" in text
     # no finding promises to save the start-up
-    assert all(f.saving_us < s["step_time_us"] for f in r.findings)
+    assert all(f.saving_us < s.step_time_us for f in r.findings)
     whole = load("a100_alexnet_syncs.json.gz", keep_startup=True)
-    assert whole.summary["step_time_us"] == pytest.approx(s["wall_time_us"], rel=1e-3)
-    assert whole.summary["startup_us"] == s["startup_us"] and not whole.summary["startup_left_out"]
+    assert whole.summary.step_time_us == pytest.approx(s.wall_time_us, rel=1e-3)
+    assert whole.summary.startup_us == s.startup_us and not whole.summary.startup_left_out
 
 
 def test_a_trace_that_is_slow_throughout_has_no_start_up_in_its_launches(load):
@@ -329,7 +329,7 @@ def test_a_trace_that_is_slow_throughout_has_no_start_up_in_its_launches(load):
 
 
 def test_marked_traces_and_built_ones_without_slow_calls_have_no_start_up(load, tmp_path):
-    assert load("v100_training_5steps.json.gz").summary["startup"] == ""
+    assert load("v100_training_5steps.json.gz").summary.startup == ""
     b = TraceBuilder()
     b.op("aten::mm", 0.0, 100.0)
     b.launch("k", 10.0, 20.0, 30.0)

@@ -54,9 +54,9 @@ def test_training_steps_profiled_on_the_gpu_torch_names(ip, run, cuda_setup):
     p = ip.user_ns["_gpuprofile"]
     s = p.summary
     # 8 marked, the first left out: it pays cuBLAS/cuDNN handle creation and lazy module loading
-    assert s["steps"] == 7 and s["first_step_left_out"] is True and s["cpu_only"] is False
+    assert s.steps == 7 and s.first_step_left_out is True and s.cpu_only is False
     assert _own_notes(p) == []  # CUPTI recorded GPU events: no "no GPU events" note
-    assert 0 < s["gpu_utilization_percent"] <= 100
+    assert 0 < s.gpu_utilization_percent <= 100
     assert len(p.kernels) > 0
     assert p.breakdown.loc["Kernel", "percent"] > 0
     assert abs(p.breakdown["percent"].sum() - 100) < 0.01
@@ -64,14 +64,14 @@ def test_training_steps_profiled_on_the_gpu_torch_names(ip, run, cuda_setup):
     assert "pageable_memcpy" in rules
     assert "sync" in rules
     for f in p.findings:
-        assert 0 <= f.saving_us <= s["step_time_us"] * 1.01, f
+        assert 0 <= f.saving_us <= s.step_time_us * 1.01, f
     # the device the report names is the one torch ran on (whatever GPU this is)
     import torch
 
     from gpumagic.render.html import escape
 
     name = torch.cuda.get_device_name(torch.cuda.current_device())
-    assert s["devices"] == [name]
+    assert s.devices == [name]
     assert escape(name) in p._repr_mimebundle_()["text/html"]
 
 

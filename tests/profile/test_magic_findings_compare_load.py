@@ -70,8 +70,8 @@ def test_single_process_dataloader_is_diagnosed_and_workers_fix_it(ip, run, show
     assert r.result.success, r.stdout
     slow = ip.user_ns["_gpuprofile"]
     # 64 / 8 batches, each closed by gpumagic.step(); the first (setup) is left out
-    assert slow.summary["steps"] == 7 and slow.summary["first_step_left_out"] is True
-    assert slow.summary["steps_from"] == "ProfilerStep"
+    assert slow.summary.steps == 7 and slow.summary.first_step_left_out is True
+    assert slow.summary.steps_from == "ProfilerStep"
     rules = {f.rule: f for f in slow.findings}
     assert "dataloader" in rules
     assert "num_workers=0" in rules["dataloader"].message
@@ -105,8 +105,8 @@ def test_cell_without_step_marks_is_one_step_and_keeps_its_value(ip, run):
     assert r.result.result == 128  # the cell's value, as without the magic
     assert ip.user_ns["b"].shape == (64, 64)
     p = ip.user_ns["_gpuprofile"]
-    assert p.summary["steps"] == 1 and p.summary["steps_from"] == "trace"
-    assert p.summary["cpu_only"] is True
+    assert p.summary.steps == 1 and p.summary.steps_from == "trace"
+    assert p.summary.cpu_only is True
     assert "aten::mm" in set(p.ops["name"])
 
 
@@ -117,8 +117,8 @@ def test_dataloader_batches_are_steps_without_marks(ip, run, setup):
     )
     assert r.result.success, r.stdout
     p = ip.user_ns["_gpuprofile"]
-    assert p.summary["steps_from"] == "DataLoader"
-    assert p.summary["steps"] >= 4
+    assert p.summary.steps_from == "DataLoader"
+    assert p.summary.steps >= 4
 
 
 def test_exception_shows_partial_profile_stops_profiler_and_propagates_once(ip, run):
@@ -145,12 +145,12 @@ def test_schedule_trace_export_and_load(ip, run, show, tmp_path):
     )
     assert r.result.success, r.stdout
     p = ip.user_ns["_gpuprofile"]
-    assert p.summary["steps"] == 2
+    assert p.summary.steps == 2
     events = json.loads(gzip.decompress(out.read_bytes()))["traceEvents"]
     assert any(e.get("name", "").startswith("ProfilerStep") for e in events)
-    r = show(f"%gpuprofile --load {out} -o loaded")
+    r = show(f"%gpuprofile --load {out}")
     assert r.result.success, r.stdout
-    assert ip.user_ns["loaded"].summary["steps"] == 2
+    assert r.value is ip.user_ns["_gpuprofile"] and r.value.summary.steps == 2
     assert "gpumagic" in r.html()
 
 
@@ -178,9 +178,9 @@ def test_compare_returns_the_comparison_shown_once_as_out(ip, show, two_runs):
     assert r.displayed == []  # shown once, as Out[], not display()ed as well
     assert r.reports("profile-compare") == r.out and len(r.out) == 1
 
-    r = show("cmp = %gpuprofile --compare a b -o kept")
+    r = show("cmp = %gpuprofile --compare a b -q -o")  # -o: returned although --quiet
     assert r.result.success and r.bundles == [] and r.value is None
-    assert ip.user_ns["cmp"] is ip.user_ns["kept"] is ip.user_ns["_gpuprofile_compare"]
+    assert ip.user_ns["cmp"] is ip.user_ns["_gpuprofile_compare"]
 
     # a trailing ";" (a comment may follow) or --quiet: nothing shown, the result still kept
     for silenced in ("%gpuprofile --compare a b ;", "%gpuprofile --compare a b;  # later", "%gpuprofile -q --compare a b"):
@@ -189,6 +189,20 @@ def test_compare_returns_the_comparison_shown_once_as_out(ip, show, two_runs):
         assert r.result.success, r.stdout
         assert r.bundles == [] and r.value is None, silenced
         assert ip.user_ns["_gpuprofile_compare"] is not before, silenced
+
+
+def test_a_profiled_cell_shows_its_rows_wherever_it_shows(ip, show):
+    # one choice of rows: --rows N holds for the report under the cell, for the result
+    # shown again later (text and HTML alike), and for its to_text()/to_html()
+    r = show("%%gpuprofile --rows 2\n" + MATMUL + "y = torch.ones(8).cumsum(0).sum()\n")
+    assert r.result.success, r.stdout
+    p = ip.user_ns["_gpuprofile"]
+    assert len(p.ops) > 2 and p.display_rows == 2
+    (shown,) = r.reports("profile")
+    assert shown == p._repr_mimebundle_()
+    assert f"top 2 of {len(p.ops)}" in shown["text/html"] and f"top 2 of {len(p.ops)}" in shown["text/plain"]
+    assert p.to_text() == shown["text/plain"] and p.to_html() == shown["text/html"]
+    assert f"top 4 of {len(p.ops)}" in p.to_text(rows=4)  # an explicit count still wins
 
 
 def test_load_returns_the_result_shown_once_with_its_rows(ip, show, two_runs):
@@ -209,13 +223,14 @@ def test_load_returns_the_result_shown_once_with_its_rows(ip, show, two_runs):
     assert r.result.success and r.bundles == []
     assert ip.user_ns["p"] is ip.user_ns["_gpuprofile"] and ip.user_ns["p"] is not loaded
 
-    for silenced in (f"%gpuprofile --load {path} ;", f"%gpuprofile --load {path} -q -o kept"):
+    for silenced in (f"%gpuprofile --load {path} ;", f"%gpuprofile --load {path} -q"):
         before = ip.user_ns["_gpuprofile"]
         r = show(silenced)
         assert r.result.success, r.stdout
         assert r.bundles == [] and r.value is None, silenced
         assert ip.user_ns["_gpuprofile"] is not before, silenced
-    assert ip.user_ns["kept"] is ip.user_ns["_gpuprofile"]
+    r = show(f"kept = %gpuprofile --load {path} -q -o")
+    assert r.result.success and r.bundles == [] and ip.user_ns["kept"] is ip.user_ns["_gpuprofile"]
 
 
 def test_cell_magic_value_and_semicolon_unchanged(show):
@@ -295,4 +310,4 @@ def test_options_expand_notebook_variables(ip, run):
     ip.user_ns["ACTIVE"] = 2
     r = run("%%gpuprofile -q --wait 0 --warmup 1 --active {ACTIVE}\nimport gpumagic\nfor i in range(4):\n    gpumagic.step()\n")
     assert r.result.success, r.stdout
-    assert ip.user_ns["_gpuprofile"].summary["steps"] == 2
+    assert ip.user_ns["_gpuprofile"].summary.steps == 2

@@ -134,7 +134,7 @@ def test_modules_forward_and_backward_named_as_the_namespace_names_them(ip, run,
     assert dict(m["type"]) == expected
     # the modules count the steps the step statistics count: the first of the three
     # (first-call setup) is left out of both
-    assert p.summary["steps"] == 2 and p.summary["first_step_left_out"]
+    assert p.summary.steps == 2 and p.summary.first_step_left_out
     assert (m["calls"] == 2).all()
     assert m.loc["model", "depth"] == 0 and m.loc["model.blocks.0.fc", "depth"] == 2
     assert m.loc["model.blocks.0.fc", "parent"] == "model.blocks.0"

@@ -68,7 +68,7 @@ def _gemm_us(ip, run) -> float:
 
 def test_gpu_time_per_line(ip, run, profiled):
     p = profiled
-    assert not p.summary["cpu_only"]
+    assert not p.summary.cpu_only
     lines = p.lines.set_index("line")
     assert list(lines.index) == [2, 3, 4, 5, 6, 7, 8, 9]
     assert list(lines["hits"]) == [7, 6, 6, 6, 6, 6, 6, 6]

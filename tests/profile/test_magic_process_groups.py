@@ -31,7 +31,7 @@ def test_a_gloo_group_gives_communication_collectives_and_session_facts(ip, run,
     )
     assert r.result.success, r.stdout
     r = run(
-        "%%gpuprofile -q --shapes\n"
+        "%%gpuprofile -q --record-shapes\n"
         "for step in range(4):\n"
         "    model(x).sum().backward()\n"
         "    t = torch.ones(1000)\n"

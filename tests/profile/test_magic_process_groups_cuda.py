@@ -29,7 +29,7 @@ def group(tmp_path):
 
 
 CELL = (
-    "%%gpuprofile -q --shapes\n"
+    "%%gpuprofile -q --record-shapes\n"
     "for step in range(5):\n"
     "    y = (x @ x).relu()\n"
     "    dist.all_reduce(y)\n"
@@ -47,7 +47,7 @@ def test_one_gpu_nccl_group_has_communication_and_a_collective_table(ip, run, gr
     r = run(CELL)
     assert r.result.success, r.stdout
     p = ip.user_ns["_gpuprofile"]
-    assert p.summary["steps"] == 5
+    assert p.summary.steps == 5
     assert "Communication" in p.breakdown.index
     assert p.breakdown.loc["Kernel", "us"] > 0
     c = p.collectives

@@ -211,7 +211,7 @@ def test_cuda_recorded_but_no_gpu_events_says_so(ip, run, cuda_believed):
     r = run("%%gpuprofile\n" + MATMUL)
     assert r.result.success, r.result.error_in_exec
     p = ip.user_ns["_gpuprofile"]
-    assert p.summary["cpu_only"] is True
+    assert p.summary.cpu_only is True
     # exactly one note about the missing GPU events (an earlier test's torch.compile adds a
     # note of its own about module hooks to every later profile of this process)
     (note,) = [n for n in p.notes if "GPU events" in n]
@@ -271,9 +271,9 @@ def test_first_marked_step_left_out_by_default_and_keep_first_keeps_it(ip, run):
     assert r.result.success, r.result.error_in_exec
     p = ip.user_ns["_gpuprofile"]
     s = p.summary
-    assert s["steps"] == 3 and s["first_step_left_out"] is True
-    assert s["step_names"] == ["1", "2", "3"]
-    assert s["step_time_max_us"] < SETUP_US / 2  # the setup is not in any step
+    assert s.steps == 3 and s.first_step_left_out is True
+    assert s.step_names == ["1", "2", "3"]
+    assert s.step_time_max_us < SETUP_US / 2  # the setup is not in any step
     assert (
         "steps: 3 of 4 (ProfilerStep 1-3; the first (setup) left out, --keep-first keeps it)"
         in (r.bundles[0]["text/plain"])
@@ -283,23 +283,23 @@ def test_first_marked_step_left_out_by_default_and_keep_first_keeps_it(ip, run):
     r = run("%%gpuprofile -q --keep-first\n" + STEPS)
     assert r.result.success
     s = ip.user_ns["_gpuprofile"].summary
-    assert s["steps"] == 4 and s["first_step_left_out"] is False
-    assert s["step_names"] == ["0", "1", "2", "3"]
-    assert s["step_time_max_us"] >= SETUP_US
+    assert s.steps == 4 and s.first_step_left_out is False
+    assert s.step_names == ["0", "1", "2", "3"]
+    assert s.step_time_max_us >= SETUP_US
 
 
 def test_an_only_marked_step_is_kept(ip, run):
     r = run("%%gpuprofile -q\n" + MATMUL + "gpumagic.step()\n")
     assert r.result.success
     s = ip.user_ns["_gpuprofile"].summary
-    assert s["steps"] == 1 and s["first_step_left_out"] is False
+    assert s.steps == 1 and s.first_step_left_out is False
 
 
 def test_schedule_keeps_its_own_window(ip, run):
     r = run("%%gpuprofile -q --wait 1 --warmup 1 --active 2\n" + STEPS)
     assert r.result.success
     s = ip.user_ns["_gpuprofile"].summary
-    assert s["steps"] == 2 and s["first_step_left_out"] is False
+    assert s.steps == 2 and s.first_step_left_out is False
 
 
 def test_device_collection_stopped_early_is_noted(ip, run, monkeypatch):
@@ -324,7 +324,7 @@ def test_device_collection_stopped_early_is_noted(ip, run, monkeypatch):
         r = run("%%gpuprofile -q\n" + cell)
     assert r.result.success, r.result.error_in_exec
     p = ip.user_ns["_gpuprofile"]
-    assert p.summary["steps"] == 2  # ProfilerStep 0-2 in the trace, the first left out
+    assert p.summary.steps == 2  # ProfilerStep 0-2 in the trace, the first left out
     assert any(
         n.startswith("The profiler stopped collecting device activity early, at step 3 of the 6")
         for n in p.notes

@@ -45,8 +45,8 @@ def test_repeat_runs_the_cell_n_times_and_keeps_every_run_as_samples(ip, run):
     # each run's steps, the first (setup) left out of each
     assert [len(s) for s in p.step_samples] == [4, 4, 4]
     s = p.summary
-    assert s["runs"] == 3 and s["steps"] == 4
-    assert s["step_time_median_interval_us"] is not None
+    assert s.runs == 3 and s.steps == 4
+    assert s.step_time_median_interval_us is not None
     text = p.to_text()
     assert "over 3 runs" in text and "95% CI" in text
 
@@ -154,8 +154,8 @@ def test_lines_modules_and_operators_count_the_steps_the_statistics_count(ip, ru
     )
     assert r.result.success, r.stdout
     p = ip.user_ns["_gpuprofile"]
-    steps = p.summary["steps"]
-    assert steps == 4 and p.summary["first_step_left_out"]  # the setup step is out...
+    steps = p.summary.steps
+    assert steps == 4 and p.summary.first_step_left_out  # the setup step is out...
     lines = p.lines.set_index("line")
     assert list(lines.loc[[5, 6, 7], "hits"]) == [steps] * 3  # ...of the lines
     assert 3 not in lines.index  # code before the loop is outside every step
@@ -169,4 +169,4 @@ def test_lines_modules_and_operators_count_the_steps_the_statistics_count(ip, ru
     )
     assert kept.result.success
     k = ip.user_ns["_gpuprofile"]
-    assert k.summary["steps"] == 5 and (k.modules["calls"] == 5).all()
+    assert k.summary.steps == 5 and (k.modules["calls"] == 5).all()

@@ -60,8 +60,8 @@ CHILD = textwrap.dedent(
             "error": repr(r.error_in_exec or r.error_before_exec),
             "done": ip.user_ns.get("done"),
             "shown": cap.stdout + "".join(o.data.get("text/plain", "") for o in cap.outputs),
-            "step_names": None if p is None else p.summary["step_names"],
-            "steps_from": None if p is None else p.summary["steps_from"],
+            "step_names": None if p is None else p.summary.step_names,
+            "steps_from": None if p is None else p.summary.steps_from,
             "notes": None if p is None else p.notes,
         }), flush=True)
     """

@@ -209,13 +209,13 @@ def _steps_trace(tmp_path, steps: int):
 def test_first_marked_step_left_out_when_asked(tmp_path):
     path = _steps_trace(tmp_path, 4)
     kept = load_trace(path)
-    assert kept.summary["steps"] == 4 and kept.summary["first_step_left_out"] is False
-    assert kept.summary["step_time_max_us"] == pytest.approx(5000.0)
+    assert kept.summary.steps == 4 and kept.summary.first_step_left_out is False
+    assert kept.summary.step_time_max_us == pytest.approx(5000.0)
     skipped = load_trace(path, skip_first=True)
     s = skipped.summary
-    assert s["steps"] == 3 and s["first_step_left_out"] is True
-    assert s["step_names"] == ["1", "2", "3"]
-    assert s["step_time_us"] == pytest.approx(1000.0)
+    assert s.steps == 3 and s.first_step_left_out is True
+    assert s.step_names == ["1", "2", "3"]
+    assert s.step_time_us == pytest.approx(1000.0)
     text = skipped.to_text()
     assert (
         "steps: 3 of 4 (ProfilerStep 1-3; the first (setup) left out, --keep-first keeps it)"
@@ -226,7 +226,7 @@ def test_first_marked_step_left_out_when_asked(tmp_path):
 
 def test_an_only_step_is_kept(tmp_path):
     r = load_trace(_steps_trace(tmp_path, 1), skip_first=True)
-    assert r.summary["steps"] == 1 and r.summary["first_step_left_out"] is False
+    assert r.summary.steps == 1 and r.summary.first_step_left_out is False
 
 
 # --- a CUDA recording whose trace holds no GPU events (CUPTI busy or unavailable) ----------

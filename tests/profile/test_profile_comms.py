@@ -55,9 +55,9 @@ def test_nccl_traces_have_communication_overlap_and_collectives(load, name):
     assert "Communication" in bd.index
     assert bd.loc["Communication", "us"] > 0
     s = r.summary
-    assert s["communication_overlap_percent"] == pytest.approx(HTA_OVERLAP[name], abs=1.0)
+    assert s.communication_overlap_percent == pytest.approx(HTA_OVERLAP[name], abs=1.0)
     # in practice the same figure to its rounding
-    assert s["communication_overlap_percent"] == pytest.approx(HTA_OVERLAP[name], abs=0.01)
+    assert s.communication_overlap_percent == pytest.approx(HTA_OVERLAP[name], abs=0.01)
     c = r.collectives
     assert dict(zip(c["name"], c["calls"])) == COLLECTIVES[name]
     assert set(c["backend"]) == {"nccl"}
@@ -105,15 +105,15 @@ def test_traces_without_nccl_kernels_have_no_device_communication(load, name):
     a = r.primary
     assert not a.comms.kernels.any()
     if name == "cpu_only.json.gz":  # gloo: the all-reduce spans are the communication
-        assert r.summary["communication_overlap_percent"] == 0.0
+        assert r.summary.communication_overlap_percent == 0.0
         assert list(r.collectives["name"]) == ["all_reduce"]
     elif name == "mtia_single_rank.json.gz":  # MTIA's CPU group is gloo: 48 barriers
-        assert r.summary["communication_overlap_percent"] == 0.0
+        assert r.summary.communication_overlap_percent == 0.0
         assert list(r.collectives["name"]) == ["barrier"]
         assert list(r.collectives["backend"]) == ["gloo"]
     else:
         assert r.breakdown.loc["Communication", "us"] == 0
-        assert r.summary["communication_overlap_percent"] is None
+        assert r.summary.communication_overlap_percent is None
 
 
 def test_record_param_comms_gives_bytes_and_group_size(load):
@@ -218,7 +218,7 @@ def test_bandwidths_as_nccl_tests_defines_them(tmp_path):
     assert ag["algbw_gbps"] == pytest.approx(8.0)
     assert ag["busbw_gbps"] == pytest.approx(6.0)
     # the compute kernel covers half of the all-reduce: 500 of the 1500 µs of collectives
-    assert r.summary["communication_overlap_percent"] == pytest.approx(100 * 500 / 1500)
+    assert r.summary.communication_overlap_percent == pytest.approx(100 * 500 / 1500)
 
 
 def test_two_ranks_report_their_waits_and_the_slowest_waits_least(tmp_path):
@@ -230,7 +230,7 @@ def test_two_ranks_report_their_waits_and_the_slowest_waits_least(tmp_path):
     assert pr.loc[0, "collective_wait_us_per_step"] == pytest.approx(700.0)
     assert pr.loc[1, "collective_wait_us_per_step"] == pytest.approx(0.0)
     assert r.slowest_rank == 1
-    assert r.summary["collective_wait_us_per_step"] == pytest.approx(0.0)
+    assert r.summary.collective_wait_us_per_step == pytest.approx(0.0)
     assert sorted(set(r.collectives["rank"])) == [0, 1]
     assert sorted(set(r.overlap["rank"])) == [0, 1]
     text = r.to_text()

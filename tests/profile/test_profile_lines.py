@@ -7,6 +7,7 @@ shared real traces check that a trace from elsewhere gets no lines, and says why
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import io
 import json
@@ -89,7 +90,7 @@ def test_ranges_leave_breakdown_tables_and_diagnosis_as_without_them(cell, tmp_p
     assert cell.lines_note == ""
     assert bare.breakdown.equals(cell.breakdown)
     assert bare.ops.equals(cell.ops)
-    assert bare.summary == {**cell.summary, "source": bare.summary["source"]}
+    assert bare.summary == dataclasses.replace(cell.summary, source=bare.summary.source)
     assert [(f.rule, f.saving_us) for f in bare.findings] == [
         (f.rule, f.saving_us) for f in cell.findings
     ]
@@ -215,7 +216,7 @@ def test_argmax_per_group_picks_the_heaviest_item():
 def test_a_real_trace_in_the_registry_is_unchanged_by_the_split(load):
     # the split runs on every decode: the shared traces' events are all still there
     r = load("v100_training_5steps.json.gz")
-    assert r.summary["events"] > 40_000
+    assert r.summary.events > 40_000
     assert trace_path("v100_training_5steps.json.gz").exists()
 
 

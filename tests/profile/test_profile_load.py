@@ -19,16 +19,16 @@ from gpumagic.profile.load import load_trace
 def test_every_trace_loads_and_breakdown_sums_to_100(load, name):
     r = load(name)
     s = r.summary
-    assert s["steps"] >= 1
-    assert s["step_time_us"] > 0
+    assert s.steps >= 1
+    assert s.step_time_us > 0
     assert list(r.breakdown.index) == list(CATEGORIES)
     assert list(r.breakdown.columns) == ["us", "percent"]
     assert r.breakdown["percent"].sum() == pytest.approx(100.0, abs=1e-6)
     # every instant once: the category times add up to the step time, step by step
     cats = [f"{c}_us" for c in CATEGORIES]
     assert (r.steps[cats].sum(axis=1) - r.steps["duration_us"]).abs().max() < 1e-3
-    assert r.breakdown["us"].sum() == pytest.approx(s["step_time_us"], rel=1e-9)
-    assert s["wall_time_us"] >= s["profiled_span_us"] > 0
+    assert r.breakdown["us"].sum() == pytest.approx(s.step_time_us, rel=1e-9)
+    assert s.wall_time_us >= s.profiled_span_us > 0
     for column in [
         "name",
         "calls",
@@ -42,14 +42,29 @@ def test_every_trace_loads_and_breakdown_sums_to_100(load, name):
     assert (r.ops["device_self_us"] <= r.ops["device_total_us"] + 1e-6).all()
 
 
+def test_the_summary_is_a_typed_object_a_typo_cannot_read(load):
+    import dataclasses
+
+    from gpumagic.profile import ProfileSummary
+
+    s = load("v100_training_5steps.json.gz").summary
+    assert isinstance(s, ProfileSummary) and dataclasses.is_dataclass(s)
+    with pytest.raises(AttributeError):
+        s.step_time  # noqa: B018  (the field is step_time_us)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.steps = 0  # type: ignore[misc]
+    fields = {f.name for f in dataclasses.fields(ProfileSummary)}
+    assert {"steps", "step_time_us", "gpu_utilization_percent"} <= fields  # issue 3's three
+
+
 def test_resnet_summary_numbers(load):
     r = load("resnet50_v100_num_workers_0.json.gz")
     s = r.summary
-    assert s["steps"] == 6
-    assert s["step_names"] == ["16", "17", "18", "19", "20", "21"]
-    assert s["step_time_us"] == pytest.approx(154911.3, abs=0.1)
-    assert s["gpu_utilization_percent"] == pytest.approx(63.607, abs=0.01)
-    assert s["devices"] == ["Tesla V100-DGXS-32GB"]
+    assert s.steps == 6
+    assert s.step_names == ["16", "17", "18", "19", "20", "21"]
+    assert s.step_time_us == pytest.approx(154911.3, abs=0.1)
+    assert s.gpu_utilization_percent == pytest.approx(63.607, abs=0.01)
+    assert s.devices == ["Tesla V100-DGXS-32GB"]
     # 6 steps x (2 input copies) of pageable memory, as the trace records
     k = r.kernels
     assert list(k.columns[:5]) == ["name", "calls", "total_us", "mean_us", "max_us"]
@@ -87,9 +102,9 @@ def test_ops_by_shape_when_shapes_were_recorded(load):
 def test_cpu_only_trace_gives_a_cpu_only_analysis(load):
     r = load("cpu_only.json.gz")
     s = r.summary
-    assert s["cpu_only"] is True
-    assert s["gpu_utilization_percent"] is None
-    assert s["gpu_idle_us_per_step"] is None
+    assert s.cpu_only is True
+    assert s.gpu_utilization_percent is None
+    assert s.gpu_idle_us_per_step is None
     assert r.kernels.empty
     assert r.breakdown.loc[["Kernel", "Memcpy", "Memset", "Runtime"], "us"].sum() == 0
     # the run's gloo:all_reduce spans are Communication, as the TensorBoard plugin says (85.088%)
@@ -116,11 +131,11 @@ def test_two_ranks_directory_gives_per_rank_rows_and_the_slowest(load):
     assert pr.loc[1, "step_time_us"] == pytest.approx(619271.5, abs=0.5)
     assert r.slowest_rank == 1
     assert list(pr["slowest"]) == [False, True]
-    assert r.summary["slowest_rank"] == 1
-    assert r.summary["ranks"] == 2
+    assert r.summary.slowest_rank == 1
+    assert r.summary.ranks == 2
     # the tables describe the slowest rank; any rank is reachable
-    assert r.summary["step_time_us"] == pytest.approx(619271.5, abs=0.5)
-    assert r.rank(0).summary["step_time_us"] == pytest.approx(615120.0, abs=0.5)
+    assert r.summary.step_time_us == pytest.approx(619271.5, abs=0.5)
+    assert r.rank(0).summary.step_time_us == pytest.approx(615120.0, abs=0.5)
     text = r._text()
     assert "slowest: rank 1" in text
     assert "rank-0.json.gz" in text and "rank-1.json.gz" in text
@@ -157,8 +172,8 @@ def test_dataloader_steps_when_there_are_no_profiler_steps(tmp_path):
     path = tmp_path / "loop.json"
     path.write_text(json.dumps({"traceEvents": events}))
     r = load_trace(path)
-    assert r.summary["steps_from"] == "DataLoader"
-    assert r.summary["steps"] == 3
+    assert r.summary.steps_from == "DataLoader"
+    assert r.summary.steps == 3
     assert list(r.steps["duration_us"]) == [1000.0, 1000.0, 900.0]
     assert r.breakdown.loc["DataLoader", "us"] == pytest.approx(300.0)
     assert r.breakdown.loc["CPU Exec", "us"] == pytest.approx(500.0)
@@ -166,8 +181,8 @@ def test_dataloader_steps_when_there_are_no_profiler_steps(tmp_path):
 
 def test_whole_trace_is_one_step_without_marks(load):
     r = load("a100_alexnet_syncs.json.gz")
-    assert r.summary["steps_from"] == "trace"
-    assert r.summary["steps"] == 1
+    assert r.summary.steps_from == "trace"
+    assert r.summary.steps == 1
 
 
 def test_flat_host_ops_with_launches_inside_render(tmp_path):
@@ -179,7 +194,7 @@ def test_flat_host_ops_with_launches_inside_render(tmp_path):
         b.op("aten::mm", t0 + 10, 40)
         b.launch("ampere_sgemm_128x64_nn", t0 + 15, t0 + 60, 500)
     r = load_trace(b.write(tmp_path / "flat.json"))
-    assert r.summary["steps_from"] == "trace"
+    assert r.summary.steps_from == "trace"
     ops = r.ops.set_index("name")
     assert ops.loc["aten::mm", "host_self_us"] == pytest.approx(2 * (40 - 5))
     assert "aten::mm" in r.to_text()
@@ -298,7 +313,7 @@ def test_bare_array_trace_and_plain_json(tmp_path):
     p = tmp_path / "array.json"
     p.write_text(json.dumps(events))
     r = load_trace(p)
-    assert r.summary["steps"] == 1
+    assert r.summary.steps == 1
     assert r.ops.loc[0, "name"] == "aten::add"
     assert math.isclose(r.ops.loc[0, "host_self_us"], 5.0)
 
@@ -316,7 +331,7 @@ def test_not_a_number_values_and_bare_na_are_tolerated(tmp_path):
     k = r.kernels.set_index("name")
     assert k.loc["k1", "total_us"] == 30.0 and k.loc["k2", "total_us"] == 10.0
     assert math.isnan(k.loc["k1", "blocks_per_sm"]) and math.isnan(k.loc["k2", "blocks_per_sm"])
-    assert r.summary["gpu_utilization_percent"] == pytest.approx(40.0)
+    assert r.summary.gpu_utilization_percent == pytest.approx(40.0)
 
 
 def test_launches_matched_by_flow_arrows_when_correlation_is_missing(tmp_path):

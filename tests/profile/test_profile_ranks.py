@@ -57,8 +57,8 @@ def test_the_default_pool_reduces_every_rank_in_a_worker(job, monkeypatch):
     for rank in (0, 1, STRAGGLER):
         alone = load_trace(job / f"rank-{rank}.json.gz").summary
         row = r.per_rank.set_index("rank").loc[rank]
-        assert row["step_time_us"] == pytest.approx(alone["step_time_us"])
-        assert row["gpu_utilization_percent"] == pytest.approx(alone["gpu_utilization_percent"])
+        assert row["step_time_us"] == pytest.approx(alone.step_time_us)
+        assert row["gpu_utilization_percent"] == pytest.approx(alone.gpu_utilization_percent)
         assert row["collective_us_per_step"] == pytest.approx(
             load_trace(job / f"rank-{rank}.json.gz").primary.collective_us_per_step
         )
@@ -70,7 +70,7 @@ def test_the_default_pool_reduces_every_rank_in_a_worker(job, monkeypatch):
     # the report shows the slowest rank in full: its file is read again, and only its
     text = r.to_text()
     assert _analyses_alive() == before + 1
-    assert r.summary["rank"] == STRAGGLER and r.summary["ranks"] == 6
+    assert r.summary.rank == STRAGGLER and r.summary.ranks == 6
     assert f"slowest: rank {STRAGGLER}" in text
     assert f"rank {STRAGGLER}: " in text and "more compute" in text
 
@@ -81,7 +81,7 @@ def test_a_rank_loads_in_full_on_demand_and_is_not_kept(job, monkeypatch):
     before = _analyses_alive()
     one = r.rank(4)
     assert _analyses_alive() == before + 1
-    assert one.summary["rank"] == 4 and one.summary["ranks"] == 1
+    assert one.summary.rank == 4 and one.summary.ranks == 1
     alone = load_trace(job / "rank-4.json.gz")
     pd.testing.assert_frame_equal(one.breakdown, alone.breakdown)
     pd.testing.assert_frame_equal(one.kernels, alone.kernels)
@@ -345,7 +345,7 @@ def test_an_absurd_duration_ends_with_the_trace_and_is_named(tmp_path, ip, run, 
     )
     one = load_trace(tmp_path / "rank-0.json")
     assert one.notes == [note]
-    assert one.summary["wall_time_us"] == 7000.0  # the other events' extent
+    assert one.summary.wall_time_us == 7000.0  # the other events' extent
     job = load_trace(tmp_path)
     assert note in job.notes
     for r in (one, job):  # every number of the report is finite: it renders

@@ -221,15 +221,15 @@ def test_breakdown_agrees_with_the_tensorboard_plugin(load, name):
     # in practice the agreement is far tighter than the bar; keep it that way
     assert worst <= 0.05, {c: (round(got[c], 3), expected[c]) for c in CATEGORIES}
     s = r.summary
-    assert s["step_time_us"] == pytest.approx(step_us, abs=0.1)
+    assert s.step_time_us == pytest.approx(step_us, abs=0.1)
     if util is None:
-        assert s["gpu_utilization_percent"] is None
+        assert s.gpu_utilization_percent is None
     else:
-        assert s["gpu_utilization_percent"] == pytest.approx(util, abs=0.01)
+        assert s.gpu_utilization_percent == pytest.approx(util, abs=0.01)
     if sm_eff is not None:
-        assert s["sm_efficiency_percent"] == pytest.approx(sm_eff, abs=0.01)
+        assert s.sm_efficiency_percent == pytest.approx(sm_eff, abs=0.01)
     if occupancy is not None:
-        assert s["achieved_occupancy_percent"] == pytest.approx(occupancy, abs=0.01)
+        assert s.achieved_occupancy_percent == pytest.approx(occupancy, abs=0.01)
 
 
 @pytest.mark.parametrize("name", WITH_NCCL_KERNELS)
@@ -243,10 +243,10 @@ def test_breakdown_with_nccl_kernels_agrees_with_the_plugin_finding_them_by_name
     # kernels) as CPU ops, and so do we; nothing else
     assert worst <= 0.05, {c: (round(got[c], 3), expected[c]) for c in CATEGORIES}
     s = r.summary
-    assert s["step_time_us"] == pytest.approx(step_us, abs=0.1)
-    assert s["gpu_utilization_percent"] == pytest.approx(util, abs=0.01)
-    assert s["sm_efficiency_percent"] == pytest.approx(sm_eff, abs=0.01)
-    assert s["achieved_occupancy_percent"] == pytest.approx(occupancy, abs=0.01)
+    assert s.step_time_us == pytest.approx(step_us, abs=0.1)
+    assert s.gpu_utilization_percent == pytest.approx(util, abs=0.01)
+    assert s.sm_efficiency_percent == pytest.approx(sm_eff, abs=0.01)
+    assert s.achieved_occupancy_percent == pytest.approx(occupancy, abs=0.01)
     # the unpatched plugin counted the NCCL kernels as Kernel: the time anything ran on
     # the GPU is the same either way
     unpatched = TB_PLUGIN[name][0]

@@ -35,9 +35,9 @@ def test_profiler_steps_from_a_scheduled_run(tmp_path):
     prof = _train({"schedule": schedule(wait=0, warmup=1, active=10)})
     r = from_profiler(prof, keep=tmp_path / "run.json.gz")
     s = r.summary
-    assert s["steps_from"] == "ProfilerStep"
-    assert s["steps"] == 4  # warmup step 0 is not recorded; 1-3 and the loop's exit
-    assert s["cpu_only"] is True
+    assert s.steps_from == "ProfilerStep"
+    assert s.steps == 4  # warmup step 0 is not recorded; 1-3 and the loop's exit
+    assert s.cpu_only is True
     assert (tmp_path / "run.json.gz").stat().st_size > 0
     ops = r.ops.set_index("name")
     assert ops.loc["aten::addmm", "calls"] == 6  # 2 linear layers x 3 recorded training steps
@@ -52,8 +52,8 @@ def test_profiler_steps_from_a_scheduled_run(tmp_path):
 def test_without_a_schedule_dataloader_batches_are_the_steps():
     r = from_profiler(_train({}, mark_steps=False))
     assert r.source == "torch.profiler"
-    assert r.summary["steps_from"] == "DataLoader"
-    assert r.summary["steps"] == 5  # 4 batches and the __next__ that ends the loop
+    assert r.summary.steps_from == "DataLoader"
+    assert r.summary.steps == 5  # 4 batches and the __next__ that ends the loop
     assert r.breakdown["percent"].sum() == pytest.approx(100.0)
 
 
@@ -62,7 +62,7 @@ def test_a_cell_without_step_calls_can_ignore_its_one_step_mark(tmp_path):
     # never called; the recorder then asks the analysis to ignore it
     prof = _train({"schedule": lambda step: ProfilerAction.RECORD}, mark_steps=False)
     marked = from_profiler(prof, keep=tmp_path / "cell.json")
-    assert marked.summary["steps_from"] == "ProfilerStep" and marked.summary["steps"] == 1
+    assert marked.summary.steps_from == "ProfilerStep" and marked.summary.steps == 1
     r = load_trace(tmp_path / "cell.json", step_marks=False)
-    assert r.summary["steps_from"] == "DataLoader"
-    assert r.summary["steps"] == 5
+    assert r.summary.steps_from == "DataLoader"
+    assert r.summary.steps == 5

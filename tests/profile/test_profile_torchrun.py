@@ -89,6 +89,6 @@ def test_a_gloo_ddp_job_shows_communication_on_every_rank(tmp_path):
         assert ar["bytes_per_call"] == 4 * (256 * 512 + 512 + 512 * 10 + 10)
         assert ar["host_us"] > 0 and ar["device_us"] == 0
     s = r.summary
-    assert s["communication_overlap_percent"] is not None
-    assert 0 <= s["communication_overlap_percent"] <= 100
+    assert s.communication_overlap_percent is not None
+    assert 0 <= s.communication_overlap_percent <= 100
     assert "communication" in r.to_text()

@@ -119,10 +119,10 @@ def test_hta_ns_resolution_trace_reads_as_it_does_shifted_to_zero(tmp_path):
     da, db = ta.gpu.end - ta.gpu.ts, tb.gpu.end - tb.gpu.ts
     assert np.abs(da - db).max() < 1e-6  # every kernel's duration, to the ns
     sa, sb = a.summary, b.summary
-    for key, value in sa["gpu_idle_split_us_per_step"].items():
-        assert value == pytest.approx(sb["gpu_idle_split_us_per_step"][key], abs=1e-3), key
-    for key, value in sa["breakdown_percent"].items():
-        assert value == pytest.approx(sb["breakdown_percent"][key], abs=1e-7), key
+    for key, value in sa.gpu_idle_split_us_per_step.items():
+        assert value == pytest.approx(sb.gpu_idle_split_us_per_step[key], abs=1e-3), key
+    for key, value in sa.breakdown_percent.items():
+        assert value == pytest.approx(sb.breakdown_percent[key], abs=1e-7), key
     assert ta.time_base > 0 and tb.time_base == 0
     assert np.abs((ta.gpu.ts + (ta.time_base - 1712195000000000)) - tb.gpu.ts).max() < 1e-6
 
@@ -211,9 +211,9 @@ def test_mtia_device_events_are_the_accelerators_kernels_and_copies(tmp_path):
     assert int(trace.gpu.nbytes[1]) == 4096
     assert trace.gpu.correlation[0] == trace.runtime.correlation[0] == 7
     s = result.summary
-    assert not s["cpu_only"]
-    assert s["breakdown_percent"]["Kernel"] == pytest.approx(30.0)
-    assert s["breakdown_percent"]["Memcpy"] == pytest.approx(5.0)
+    assert not s.cpu_only
+    assert s.breakdown_percent["Kernel"] == pytest.approx(30.0)
+    assert s.breakdown_percent["Memcpy"] == pytest.approx(5.0)
     assert any("MTIA accelerator" in n for n in result.notes)
     assert "MTIA accelerator" in result.to_text()
 
@@ -230,8 +230,8 @@ def test_hta_mtia_trace_agrees_with_htas_temporal_breakdown():
     assert float(hta_rounded) == 7305597
     assert int(kernels.sum()) == 3453
     s = result.summary
-    assert not s["cpu_only"]
-    assert s["breakdown_percent"]["Kernel"] == pytest.approx(7305596 * 100 / 13328347, abs=0.05)
+    assert not s.cpu_only
+    assert s.breakdown_percent["Kernel"] == pytest.approx(7305596 * 100 / 13328347, abs=0.05)
     assert any("MTIA accelerator" in n for n in result.notes)
 
 
@@ -272,7 +272,7 @@ def test_hta_mtia_inference_trace_loads():
     trace = result.primary.trace
     assert int((trace.gpu.kind == KERNEL).sum()) + int((trace.gpu.kind == MEMCPY).sum()) == 1313
     s = result.summary
-    assert not s["cpu_only"] and s["devices"] == ["ARTEMIS"]
+    assert not s.cpu_only and s.devices == ["ARTEMIS"]
     assert any("MTIA accelerator" in n for n in result.notes)
     ops = result.ops
     # every launch's device time lands on an operator: the table's total is the kernels'
@@ -287,7 +287,7 @@ def test_hta_mtia_inference_trace_loads():
 
 def test_hta_cupti_profiler_trace_says_its_kernels_cannot_be_timed():
     result = load_trace(trace_path("a100_cupti_counters.json.gz"))
-    assert result.summary["cpu_only"]
+    assert result.summary.cpu_only
     note = next(n for n in result.notes if "CUPTI's range profiler" in n)
     assert "77 cuda_profiler_range records" in note and "host only" in note
     assert "CUPTI's range profiler" in result.to_text()

@@ -29,11 +29,11 @@ def test_start_status_stop_with_cells_and_csv(ip, run, tmp_path):
     assert r.bundles == []  # shown once, as Out[] (below), not displayed as well
     bundle = r.result.result._repr_mimebundle_()
     assert "text/html" in bundle and "gpumagic" in bundle["text/html"]
-    r = run("%gpuwatch stop -o watched")
+    r = run("%gpuwatch stop")
     assert r.result.success, r.stdout
     assert sampler_threads() == []
-    result = ip.user_ns["watched"]
-    assert result is ip.user_ns["_gpuwatch"] and result is r.result.result
+    result = r.result.result
+    assert result is ip.user_ns["_gpuwatch"]
     assert len(result.samples) >= 3
     assert "host" in set(result.samples["device"])
     # the sleeping cell is one of the cells marked, with its duration

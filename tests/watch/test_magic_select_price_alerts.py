@@ -48,7 +48,7 @@ def test_gpuselect_refuses_without_nvml_and_changes_nothing(run):
     import torch
 
     before = dict(os.environ)
-    r = run("%gpuselect 2 --min-free 8GiB --max-util 30 --no-others")
+    r = run("%gpuselect 2 --min-free-memory 8GiB --max-gpu-utilization 30 --no-others")
     err = r.result.error_in_exec
     assert isinstance(err, UsageError), r.stdout
     assert "no NVIDIA GPU to choose from: NVML unavailable" in str(err)
@@ -97,9 +97,9 @@ def test_select_gpus_never_imports_torch():
     [
         ("%gpuselect two", "N must be a whole number"),
         ("%gpuselect 0", "count must be"),
-        ("%gpuselect --min-free 8XB", "size unit"),
-        ("%gpuselect --max-util lots", "--max-util must be a percentage"),
-        ("%gpuselect --max-util 150", "0-100"),
+        ("%gpuselect --min-free-memory 8XB", "size unit"),
+        ("%gpuselect --max-gpu-utilization lots", "--max-gpu-utilization must be a percentage"),
+        ("%gpuselect --max-gpu-utilization 150", "0-100"),
         ("%gpuselect --bogus", "unrecognized"),
     ],
 )

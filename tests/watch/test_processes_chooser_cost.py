@@ -377,7 +377,7 @@ def test_gpuselect_magic_shows_the_choice_once_and_returns_it(
     from gpumagic.monitor.choose import GpuChoice
 
     fake_nvml(_box(g2={"mem_used": 0}))
-    r = run("choice = %gpuselect 1 --max-util 50%")
+    r = run("choice = %gpuselect 1 --max-gpu-utilization 50%")
     assert r.result.success, r.result.error_in_exec
     choice = ip.user_ns["choice"]
     assert isinstance(choice, GpuChoice) and choice.indices == [2]

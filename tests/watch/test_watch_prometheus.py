@@ -350,8 +350,8 @@ def test_gpuwatch_prometheus_through_the_magic(cluster, run, ip):
     r = run("%gpuwatch status")
     assert isinstance(r.result.result, WatchStatus)
     assert "node-b GPU 2" in r.result.result._repr_mimebundle_()["text/html"]
-    r = run("%gpuwatch stop -o job")
-    result = ip.user_ns["job"]
+    r = run("%gpuwatch stop -o")
+    result = r.result.result
     assert isinstance(result, WatchResult) and result is ip.user_ns["_gpuwatch"]
     assert result.cost.price == 3.0 and current() is None
     assert len(result.gpus) == 8 and result.gpus["straggler"].sum() == 1

@@ -5,10 +5,12 @@
 * :mod:`.probe` - one profiler range per statement of the cell and the module hooks
   (:class:`CodeProbe`), so time can be charged to lines and ``nn.Module`` instances;
 * :mod:`.session` - the session facts read off the namespace (:func:`capture_live_state`);
-* :mod:`.finish` - the ending of a run: read the session, analyse (:func:`finish`);
+* :mod:`.finish` - the ending of a run: read the session, analyse (:func:`finish`), and
+  what to say about it (:meth:`Finished.notes`);
 * :mod:`.run` - one profiled cell through :func:`gpumagic.cell.run_measured`
   (:class:`ProfileRun`): recorder, probe, ending, and the live view's data
-  (:class:`ProfileStatus`).
+  (:class:`ProfileStatus`);
+* :mod:`.repeat` - the runs of ``--repeat N`` merged into one result (:class:`Repeats`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ _LAZY = {
     "finish": ("gpumagic.profile.record.finish", "finish"),
     "ProfileRun": ("gpumagic.profile.record.run", "ProfileRun"),
     "ProfileStatus": ("gpumagic.profile.record.run", "ProfileStatus"),
+    "Repeats": ("gpumagic.profile.record.repeat", "Repeats"),
 }
 
 __all__ = list(_LAZY)

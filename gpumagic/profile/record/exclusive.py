@@ -1,5 +1,5 @@
 """torch runs one profiler per process: who holds it, handing it over to the cell, and the
-profile function its Python tracer takes from the user (``--stack``).
+profile function its Python tracer takes from the user (``--with-stack``).
 
 Kineto keeps one profiling session per process. A second profiler started while one runs
 replaces its session, and the first one's stop then finds none: torch warns

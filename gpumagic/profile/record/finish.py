@@ -45,6 +45,25 @@ class Finished:
     analysed: bool = False
     cell_error: str = ""  # "ValueError: ..." when the cell failed ("" when it completed)
 
+    @property
+    def reported(self) -> bool:
+        """The analysis completed: the result is shown as a report."""
+        return self.analysed and self.result is not None
+
+    def notes(self) -> list[str]:
+        """What to say above the report, or in its place: that the cell failed (the profile
+        covers what ran before), each problem; and, without a report and without a problem
+        that says why, that no profile was recorded."""
+        notes = []
+        if self.cell_error:
+            notes.append(
+                f"The cell failed ({self.cell_error}); the profile covers what ran before."
+            )
+        notes += [f"%%gpuprofile: {p}" for p in self.problems]
+        if not self.reported and not self.problems:
+            notes.append("%%gpuprofile: no profile was recorded")
+        return notes
+
 
 def finish(
     recorder: Recorder,

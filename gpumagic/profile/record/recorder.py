@@ -116,7 +116,7 @@ class Recorder:
         self.before_handover: Callable[[], None] | None = None
         self._handover: Handover | None = None
         self.handed_over_at_step: int | None = None  # steps marked when the cell took over
-        # --stack: torch's Python tracer replaces this thread's sys.setprofile function
+        # --with-stack: torch's Python tracer replaces this thread's sys.setprofile function
         # while it records and clears it when it stops; the user's is put back
         self._user_profile: Any = None
         self.profile_function_restored = ""  # the restored function's name, for a note
@@ -376,7 +376,7 @@ class Recorder:
             out.append(f"The profiler failed to stop cleanly ({self.stop_error}).")
         if self.profile_function_restored:
             out.append(
-                f"--stack: torch's Python tracer replaced this thread's sys.setprofile "
+                f"--with-stack: torch's Python tracer replaced this thread's sys.setprofile "
                 f"function ({self.profile_function_restored}) while the cell ran, and "
                 "cleared it when it stopped; it is set again."
             )
