@@ -28,7 +28,8 @@ class Reason:
     meaning: str  # what it says about the card, in a sentence's words
     slows: bool  # whether it holds the clocks below what the card can do
     label: str  # a table's few words for it ("power cap")
-    held: str  # what it did to a card while it was active, after "GPU 0 was ..."
+    held: str  # what it did to a card while it was active, after "GPU 0 was ..." (the table
+    # of a watch's cells names which of two reasons with the same words it was)
 
 
 REASONS: tuple[Reason, ...] = (
@@ -39,13 +40,13 @@ REASONS: tuple[Reason, ...] = (
     Reason(0x4, "sw_power_cap", "the driver lowers clocks to stay within the power limit", True,
            "power cap", "held by its power cap"),
     Reason(0x8, "hw_slowdown", "the hardware halves the clocks or more (heat, a power brake, or a power surge)", True,
-           "HW slowdown", "slowed by its hardware (heat, a power brake or a power surge)"),
+           "HW slowdown", "slowed to half its clocks or less by its hardware"),
     Reason(0x10, "sync_boost", "the card holds its clocks to those of its sync-boost group", False,
            "sync boost", "held to the clocks of its sync-boost group"),
     Reason(0x20, "sw_thermal_slowdown", "the driver lowers clocks because the GPU or its memory runs too hot", True,
-           "thermal (driver)", "slowed by heat (the driver's thermal slowdown)"),
+           "thermal (driver)", "slowed by heat"),
     Reason(0x40, "hw_thermal_slowdown", "the hardware halves the clocks or more because the card is too hot", True,
-           "thermal (HW)", "slowed by heat (the hardware's thermal slowdown)"),
+           "thermal (HW)", "slowed by heat"),
     Reason(0x80, "hw_power_brake_slowdown", "an external power brake (the power supply or the system) halves the clocks or more", True,
            "power brake", "held by an external power brake"),
     Reason(0x100, "display_clock_setting", "clocks follow the display's clock setting", False,
