@@ -27,20 +27,34 @@ class Reason:
     name: str  # nvidia-smi's field name
     meaning: str  # what it says about the card, in a sentence's words
     slows: bool  # whether it holds the clocks below what the card can do
+    label: str  # a table's few words for it ("power cap")
+    held: str  # what it did to a card while it was active, after "GPU 0 was ..." (the table
+    # of a watch's cells names which of two reasons with the same words it was)
 
 
 REASONS: tuple[Reason, ...] = (
-    Reason(0x1, "gpu_idle", "nothing runs on the GPU and its clocks drop to idle", False),
-    Reason(0x2, "applications_clocks_setting", "clocks are held at the applications clocks someone set", True),
-    Reason(0x4, "sw_power_cap", "the driver lowers clocks to stay within the power limit", True),
-    Reason(0x8, "hw_slowdown", "the hardware halves the clocks or more (heat, a power brake, or a power surge)", True),
-    Reason(0x10, "sync_boost", "the card holds its clocks to those of its sync-boost group", False),
-    Reason(0x20, "sw_thermal_slowdown", "the driver lowers clocks because the GPU or its memory runs too hot", True),
-    Reason(0x40, "hw_thermal_slowdown", "the hardware halves the clocks or more because the card is too hot", True),
-    Reason(0x80, "hw_power_brake_slowdown", "an external power brake (the power supply or the system) halves the clocks or more", True),
-    Reason(0x100, "display_clock_setting", "clocks follow the display's clock setting", False),
-    Reason(0x200, "board_limit", "a limit of the board holds the clocks down", True),
-    Reason(0x400, "reliability", "the driver holds clocks down to protect the card's reliability", True),
+    Reason(0x1, "gpu_idle", "nothing runs on the GPU and its clocks drop to idle", False,
+           "idle", "idle"),
+    Reason(0x2, "applications_clocks_setting", "clocks are held at the applications clocks someone set", True,
+           "applications clocks", "held at the applications clocks someone set"),
+    Reason(0x4, "sw_power_cap", "the driver lowers clocks to stay within the power limit", True,
+           "power cap", "held by its power cap"),
+    Reason(0x8, "hw_slowdown", "the hardware halves the clocks or more (heat, a power brake, or a power surge)", True,
+           "HW slowdown", "slowed to half its clocks or less by its hardware"),
+    Reason(0x10, "sync_boost", "the card holds its clocks to those of its sync-boost group", False,
+           "sync boost", "held to the clocks of its sync-boost group"),
+    Reason(0x20, "sw_thermal_slowdown", "the driver lowers clocks because the GPU or its memory runs too hot", True,
+           "thermal (driver)", "slowed by heat"),
+    Reason(0x40, "hw_thermal_slowdown", "the hardware halves the clocks or more because the card is too hot", True,
+           "thermal (HW)", "slowed by heat"),
+    Reason(0x80, "hw_power_brake_slowdown", "an external power brake (the power supply or the system) halves the clocks or more", True,
+           "power brake", "held by an external power brake"),
+    Reason(0x100, "display_clock_setting", "clocks follow the display's clock setting", False,
+           "display clocks", "held at the display's clock setting"),
+    Reason(0x200, "board_limit", "a limit of the board holds the clocks down", True,
+           "board limit", "held by a limit of its board"),
+    Reason(0x400, "reliability", "the driver holds clocks down to protect the card's reliability", True,
+           "reliability", "held down by the driver to protect its reliability"),
 )  # fmt: skip
 BY_NAME = {r.name: r for r in REASONS}
 THERMAL = frozenset({"sw_thermal_slowdown", "hw_thermal_slowdown"})

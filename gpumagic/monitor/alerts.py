@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpumagic.clock_events import POWER, REASONS, THERMAL, name_reasons
 from gpumagic.device_kinds import HOST
 from gpumagic.monitor import metrics as M
 from gpumagic.monitor.cells import CellRecord
@@ -34,7 +35,11 @@ LOW_UTIL_SPAN_S = 10.0
 LOW_UTIL_MIN_RUN_S = 5.0
 LOW_UTIL_MIN_SAMPLES = 3
 MEMORY_PCT = 90.0
-SW_POWER_CAP = 0x4  # nvmlClocksEventReasonSwPowerCap: normal at full load (see above)
+# The clock-event reasons that raise an alert: those that hold a card below what it can do
+# (gpumagic.clock_events), except the power cap (normal at full load, above) and applications
+# clocks (a setting someone chose, not a fault); an unknown bit raises none.
+_NOT_FAULTS = {"sw_power_cap", "applications_clocks_setting"}
+ALERTED = frozenset(r.name for r in REASONS if r.slows) - _NOT_FAULTS
 
 
 @dataclass(frozen=True)
@@ -93,28 +98,27 @@ def compute_alerts(
                     now,
                 )
             )
-        mask = v[M.THROTTLE]
-        if not math.isnan(mask):
-            bits = int(mask) & ~SW_POWER_CAP
-            names = ", ".join(n for b, n in M.THROTTLE_BITS if bits & b & M.SLOWDOWN_BITS)
-            if bits & M.THERMAL_BITS:
-                out.append(
-                    Alert(
-                        "thermal", device.key, f"{device.label} thermal throttling ({names})", now
-                    )
-                )
-            elif bits & M.POWER_BITS:
-                out.append(
-                    Alert("power", device.key, f"{device.label} power throttling ({names})", now)
-                )
-            elif bits & M.SLOWDOWN_BITS:
-                out.append(
-                    Alert("slowdown", device.key, f"{device.label} clocks slowed ({names})", now)
-                )
+        throttled = _throttle_alert(device, v[M.THROTTLE], now)
+        if throttled is not None:
+            out.append(throttled)
         low = _low_utilization(row, device, times, values, running, cuda_in_use)
         if low is not None:
             out.append(low)
     return out
+
+
+def _throttle_alert(device: WatchedDevice, mask: float, now: float) -> Alert | None:
+    if math.isnan(mask):
+        return None
+    active = [n for n in name_reasons(int(mask)).names if n in ALERTED]
+    if not active:
+        return None
+    names = ", ".join(active)
+    if THERMAL.intersection(active):
+        return Alert("thermal", device.key, f"{device.label} thermal throttling ({names})", now)
+    if POWER.intersection(active):
+        return Alert("power", device.key, f"{device.label} power throttling ({names})", now)
+    return Alert("slowdown", device.key, f"{device.label} clocks slowed ({names})", now)
 
 
 def _low_utilization(

@@ -15,16 +15,28 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from gpumagic.clock_events import REASONS, name_reasons
 from gpumagic.monitor import metrics as M
 
 # Enough for a long day of notebook work; the list is bounded like everything else.
 MAX_CELLS = 10_000
 _SOURCE_CHARS = 120
+
+# The clock-event reasons (gpumagic.clock_events) a cell's row is marked with: every reason
+# NVML names but idle. A GPU at idle clocks because nothing runs on it is not news; each of
+# the others held the GPU below its maximum clocks while the cell ran, which is what its
+# time needs to be read with. The power cap is marked although it raises no alert (a healthy
+# card at full load sits at its limit): a cell it held ran as fast as the power limit allows,
+# and whether that limit is the card's default is what %gpucheck judges. Sync boost,
+# applications and display clocks are settings, not faults, but a cell they held ran below
+# what the card can do. A bit this version cannot name stays in the samples (the
+# ``throttle`` column, the CSV): nothing can be said about it in words a user acts on.
+MARKED_REASONS = frozenset(r.name for r in REASONS) - {"gpu_idle"}
 
 
 def first_line(source: str) -> str:
@@ -68,6 +80,10 @@ class CellRecord:
     # Energy of the watched GPUs while the cell ran, mJ (NaN: no counter). Issue 12; filled by
     # the cost meter through CellMarks.add_energy, not by a source's fold.
     energy_mj: float = math.nan
+    # Clock-event reasons, per GPU (WatchedDevice.key, in row order): the samples in which NVML
+    # read its reasons, and of those, how many each marked reason (MARKED_REASONS) was active in.
+    clock_samples: dict[str, int] = field(default_factory=dict)
+    clock_events: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def running(self) -> bool:
@@ -76,6 +92,28 @@ class CellRecord:
     @property
     def mean_utilization(self) -> float:
         return self.sum_utilization / self.n_utilization if self.n_utilization else math.nan
+
+    def copy(self) -> CellRecord:
+        """A copy the sampler thread does not touch (its per-GPU counts too)."""
+        record = CellRecord(**vars(self))
+        record.clock_samples = dict(self.clock_samples)
+        record.clock_events = {k: dict(v) for k, v in self.clock_events.items()}
+        return record
+
+    def clock_event_shares(self) -> dict[str, dict[str, float]] | None:
+        """``{"cuda:0": {"sw_power_cap": 0.72}}``: for each GPU, the share of the cell's samples
+        in which each marked reason was active (those NVML read its reasons in). Of the GPUs
+        this process used when it used any, as its utilisation is (another user's card on a
+        shared box is not this cell's news); a GPU with no reason active maps to ``{}``. None
+        when NVML read no reasons of those GPUs during the cell: nothing can be said."""
+        own = self.utilization_devices
+        keys = [k for k in self.clock_samples if not own or k in own]
+        if not keys:
+            return None
+        return {
+            k: {name: n / self.clock_samples[k] for name, n in self.clock_events.get(k, {}).items()}
+            for k in keys
+        }
 
     def duration(self, now: float | None = None) -> float:
         """Seconds the cell ran (so far, for a running cell)."""
@@ -108,6 +146,19 @@ class CellRecord:
             total = float(np.nansum(proc))
             self.peak_process_memory = _nanmax(self.peak_process_memory, total)
             self.holds_gpu_memory = bool(self.holds_gpu_memory) or total > 0
+        self._fold_clock_events(rows[:, M.THROTTLE], keys)
+
+    def _fold_clock_events(self, masks: np.ndarray, keys: Sequence[str]) -> None:
+        """Count the marked reasons active in one sample of each GPU's reason mask (NaN: NVML
+        could not read them then, a sample that counts for no share)."""
+        for key, mask in zip(keys, masks):
+            if math.isnan(mask):
+                continue
+            self.clock_samples[key] = self.clock_samples.get(key, 0) + 1
+            for name in name_reasons(int(mask)).names:
+                if name in MARKED_REASONS:
+                    counts = self.clock_events.setdefault(key, {})
+                    counts[name] = counts.get(name, 0) + 1
 
     def fold_host(self, row: np.ndarray) -> None:
         """Take one sample of the host's row into the cell's peaks."""
@@ -253,12 +304,12 @@ class CellMarks:
         draws: copying a day's 10 000 cells every second would cost more than the frame)."""
         with self._lock:
             if since is None:
-                return [CellRecord(**vars(r)) for r in self.cells]
+                return [r.copy() for r in self.cells]
             out = []
             for r in reversed(self.cells):
                 if r.end is not None and r.end < since:
                     break  # cells are in start order, so everything older ended earlier
-                out.append(CellRecord(**vars(r)))
+                out.append(r.copy())
             out.reverse()
             return out
 

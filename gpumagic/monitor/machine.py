@@ -4,8 +4,9 @@ psutil) fill, how their rows are named, and the cells frame of their peaks.
 The columns are ``metrics.METRICS`` (nvidia-smi's names in the CSV, one row per device per
 sample); a row is named by its ``device`` (``cuda:0``, ``host``), its NVML ``index``, its
 ``cuda_index`` and its ``name``. A cell's row holds the peaks the sources folded into it
-while it ran (utilisation of the GPUs this process used, memory, host CPU and RAM), its
-energy and, with a price per hour, its cost.
+while it ran (utilisation of the GPUs this process used, memory, host CPU and RAM), the
+clock-event reasons that held those GPUs and for what share of the cell, its energy and,
+with a price per hour, its cost.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ _GPU_CELL_COLUMNS = ("peak_utilization", "mean_utilization", "peak_memory", "pea
 # Which GPUs a cell's utilisation is of: this process's (another user's busy GPU says
 # nothing about this kernel's cells), or, where this process uses none, the busiest GPU's.
 _UTILIZATION_OF = "utilization_of"
+# {"cuda:0": {"sw_power_cap": 0.72}}: the share of the cell's samples in which each clock-event
+# reason held a GPU (cells.MARKED_REASONS; {} for none, None where NVML read none).
+_CLOCK_EVENTS = "clock_events"
 
 
 def utilization_of(cell: CellRecord) -> str:
@@ -49,6 +53,7 @@ def cells_frame(snap: Snapshot) -> pd.DataFrame:
             "peak_utilization": cell.peak_utilization,
             "mean_utilization": cell.mean_utilization,
             _UTILIZATION_OF: utilization_of(cell),
+            _CLOCK_EVENTS: cell.clock_event_shares(),
             "peak_memory": cell.peak_memory,
             "peak_process_memory": cell.peak_process_memory,
             "peak_host_cpu": cell.peak_host_cpu,
@@ -66,6 +71,7 @@ def cells_frame(snap: Snapshot) -> pd.DataFrame:
         "duration_us",
         *_GPU_CELL_COLUMNS,
         _UTILIZATION_OF,
+        _CLOCK_EVENTS,
         "peak_host_cpu",
         "peak_host_memory",
         "samples",
@@ -76,7 +82,7 @@ def cells_frame(snap: Snapshot) -> pd.DataFrame:
     frame["execution_count"] = frame["execution_count"].astype("Int64")
     frame["start"] = local_times(frame["start"].to_numpy(dtype=float))
     if not snap.has_gpus:
-        frame = frame.drop(columns=[*_GPU_CELL_COLUMNS, _UTILIZATION_OF])
+        frame = frame.drop(columns=[*_GPU_CELL_COLUMNS, _UTILIZATION_OF, _CLOCK_EVENTS])
     # Issue 12: energy_wh per cell on the GPU path, cost_usd when a price was given.
     if snap.has_gpus:
         frame["energy_wh"] = np.array([c.energy_mj / 3.6e6 for c in snap.cells], dtype=float)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from gpumagic.clock_events import name_reasons
 from gpumagic.device_kinds import CUDA, HOST, DeviceKind
 
 MIB = 1024 * 1024
@@ -73,41 +74,13 @@ HOST_MEM_TOTAL = INDEX["host_memory_total"]
 PROC_CPU = INDEX["process_cpu"]
 PROC_RSS = INDEX["process_rss"]
 
-# nvmlClocksThrottleReason* bits (nvml.h; same values as the newer nvmlClocksEventReason*),
-# named as nvidia-smi's clocks_throttle_reasons.<name> query fields.
-THROTTLE_BITS: tuple[tuple[int, str], ...] = (
-    (0x1, "gpu_idle"),
-    (0x2, "applications_clocks_setting"),
-    (0x4, "sw_power_cap"),
-    (0x8, "hw_slowdown"),
-    (0x10, "sync_boost"),
-    (0x20, "sw_thermal_slowdown"),
-    (0x40, "hw_thermal_slowdown"),
-    (0x80, "hw_power_brake_slowdown"),
-    (0x100, "display_clock_setting"),
-    (0x200, "board_limit"),
-    (0x400, "reliability"),
-)
-THERMAL_BITS = 0x20 | 0x40
-POWER_BITS = 0x4 | 0x80
-# HW slowdown is asserted for thermal *or* power-brake reasons (nvml.h); it slows clocks
-# either way, so it counts as throttling. Idle, sync boost, application clocks and display
-# clocks are the GPU behaving as configured, not a problem.
-SLOWDOWN_BITS = THERMAL_BITS | POWER_BITS | 0x8 | 0x200 | 0x400
-
 
 def throttle_names(mask: float | int | None) -> list[str]:
-    """Decode a throttle-reason bit mask into nvidia-smi's names; [] for none or missing."""
+    """Decode a throttle-reason bit mask into nvidia-smi's names (``gpumagic.clock_events``,
+    the one table of them that ``%gpucheck`` reads too); [] for none or missing."""
     if mask is None or (isinstance(mask, float) and math.isnan(mask)):
         return []
-    value = int(mask)
-    names = [name for bit, name in THROTTLE_BITS if value & bit]
-    known = 0
-    for bit, _ in THROTTLE_BITS:
-        known |= bit
-    if value & ~known:
-        names.append(f"unknown_0x{value & ~known:x}")
-    return names
+    return list(name_reasons(int(mask)).names)
 
 
 def csv_value(metric: Metric, value: float) -> str:

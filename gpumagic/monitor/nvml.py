@@ -429,7 +429,9 @@ class GpuReader:
 
     def _read_throttle(self, row: np.ndarray) -> None:
         # Renamed "clocks event reasons" in newer drivers; the old name is deprecated but is
-        # the only one older drivers have.
+        # the only one older drivers have. Not gpumagic.clock_events.read_clock_events (which
+        # names the mask the same way): a sampler asks every second, so a call the driver
+        # lacks is remembered here and not asked again, where that one-off read retries it.
         mask = None
         if "clocks_event_reasons" not in self.unsupported:
             mask = self._call("clocks_event_reasons", "nvmlDeviceGetCurrentClocksEventReasons")

@@ -1,7 +1,7 @@
 """``%gpuwatch stop``: the summary of a whole watch of this machine (the charts from the
-first sample to the last, a row per cell that ran with its peaks, energy and cost, the
-alerts seen, the bill, who was on the GPUs at the stop) and, for any watch, the one line
-the live slot keeps."""
+first sample to the last, a row per cell that ran with its peaks, the clock-event reasons
+that held its GPUs, energy and cost, the alerts seen, the bill, who was on the GPUs at the
+stop) and, for any watch, the one line the live slot keeps."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from gpumagic.clock_events import BY_NAME
 from gpumagic.device_kinds import CUDA
 from gpumagic.monitor.alerts import cell_note
 from gpumagic.monitor.machine import utilization_of
@@ -28,6 +29,7 @@ LOW_USE_ADVICE = (
     "GPU busy under 30% on average while holding memory: likely waiting on data or the "
     "host; profile one with %%gpuprofile"
 )
+_CELLS_NAMED = 6  # cells a clock-event line names before "and N more cells"
 
 
 def _cell_flag(cell: CellRecord) -> str:
@@ -56,6 +58,18 @@ def _cells_table(result: WatchResult) -> Table:
         own = utilization_of(c) if c.utilization_devices and several else ""
         return fmt_percent(c.peak_utilization) + (f" ({own})" if own else "")
 
+    def held(c: CellRecord) -> str:
+        shares = c.clock_event_shares()
+        if shares is None:
+            return "–"  # NVML read no reasons: nothing to say, not "none"
+        return ", ".join(
+            f"{key} {BY_NAME[name].label} {fmt_percent(100.0 * share)}"
+            if several
+            else f"{BY_NAME[name].label} {fmt_percent(100.0 * share)}"
+            for key, reasons in shares.items()
+            for name, share in _by_bit(reasons)
+        )
+
     columns = [
         Column("cell", cell_name, align="left"),
         Column("source", "source", align="code"),
@@ -70,6 +84,9 @@ def _cells_table(result: WatchResult) -> Table:
             _sampled("this kernel", lambda c: fmt_bytes(c.peak_process_memory)),
             Column("energy", lambda c: fmt_wh(c.energy_mj / 3.6e6)),
         ]
+        # the column only where it says something: most watches never see a GPU held
+        if any(c.clock_event_shares() for c in snap.cells):
+            columns.insert(-1, _sampled("clocks held by", held))
     else:
         columns += [
             _sampled("peak CPU", lambda c: fmt_percent(c.peak_host_cpu), first=True),
@@ -92,6 +109,50 @@ def _cell_advice(result: WatchResult) -> list[Section]:
         return []
     names = ", ".join(cell_name(c) for c in low)
     return [Paragraph(f"{names}: {cell_note(low[0]) if len(low) == 1 else LOW_USE_ADVICE}", "info")]
+
+
+def _by_bit(reasons: dict[str, float]) -> list[tuple[str, float]]:
+    return sorted(reasons.items(), key=lambda item: BY_NAME[item[0]].bit)
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def _clock_advice(result: WatchResult) -> list[Section]:
+    """A line per GPU and clock-event reason that held it during cells, with the share of each
+    cell: "GPU 0 was held by its power cap during 72% of cell In[5]: see %gpucheck"."""
+    snap = result.snapshot
+    held: dict[tuple[str, str], list[tuple[int, float]]] = {}  # (GPU, reason) -> (cell, share)
+    for i, cell in enumerate(snap.cells):
+        for key, reasons in (cell.clock_event_shares() or {}).items():
+            for name, share in reasons.items():
+                held.setdefault((key, name), []).append((i, share))
+    # Reasons the driver asserts together (HW slowdown with the thermal slowdown or power
+    # brake that engaged it, nvml.h) held a GPU in the same cells for the same shares: one line.
+    together: dict[tuple[str, tuple[tuple[int, float], ...]], list[str]] = {}
+    for (key, name), spans in held.items():
+        together.setdefault((key, tuple(spans)), []).append(name)
+    rows = {d.key: i for i, d in enumerate(snap.devices)}
+    labels = {d.key: d.label for d in snap.devices}
+
+    def order(item: tuple[tuple[str, object], list[str]]) -> tuple[int, int]:
+        (key, _), names = item
+        return (rows.get(key, len(rows)), min(BY_NAME[n].bit for n in names))
+
+    out: list[Section] = []
+    for (key, held_in), names in sorted(together.items(), key=order):
+        ordered = sorted(names, key=lambda n: BY_NAME[n].bit)
+        how = _and(list(dict.fromkeys(BY_NAME[n].held for n in ordered)))  # heat, said once
+        during = [
+            f"{fmt_percent(100.0 * share)} of cell In{cell_name(snap.cells[i])}"
+            for i, share in held_in
+        ]
+        if len(during) > _CELLS_NAMED:
+            during = [*during[: _CELLS_NAMED - 1], f"{len(during) - _CELLS_NAMED + 1} more cells"]
+        text = f"{labels.get(key, key)} was {how} during {_and(during)}: see %gpucheck"
+        out.append(Paragraph(text, "info", css="gm-clock-events"))
+    return out
 
 
 def _seen_alerts(result: WatchResult) -> list[str]:
@@ -121,7 +182,7 @@ def result_report(result: WatchResult) -> Report:
         Figure(lambda: chart_block(snap, live=False), lambda: chart_lines(snap, live=False)),
     ]
     if snap.cells:
-        sections += [_cells_table(result), *_cell_advice(result)]
+        sections += [_cells_table(result), *_cell_advice(result), *_clock_advice(result)]
     else:
         sections.append(Paragraph("no cell ran while watching"))
     sections += [

@@ -235,8 +235,11 @@ def test_a_failing_on_idle_callback_becomes_a_note() -> None:
 # -- choosing GPUs -------------------------------------------------------------------------
 @pytest.fixture
 def clean_choice(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    for name in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):
+        # set first: delenv of a variable that is not set records nothing to undo, and
+        # select_gpus sets both, which would then leak into the tests after (tests/check's)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     monkeypatch.setattr(choose_mod, "_before_first", None)
     yield
 
