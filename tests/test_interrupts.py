@@ -207,19 +207,19 @@ def test_gpuprofile_nested_is_refused_before_anything_is_made(ip, run, clean):
 
 
 def _tracer():
-    from gpumagic.memory import tracer
+    from gpumagic.memory.trace import tracer
 
     return tracer
 
 
 def _oom():
-    from gpumagic.memory import oom
+    from gpumagic.memory.trace import oom
 
     return oom
 
 
 def _report():
-    from gpumagic.memory import report
+    from gpumagic.memory.trace import result as report
 
     return report
 
@@ -231,7 +231,7 @@ def _live():
 
 
 def _probes():
-    from gpumagic.memory import probes
+    from gpumagic.memory.trace import readers as probes
 
     return probes
 

@@ -13,14 +13,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from gpumagic.memory.categories import CATEGORIES
+from gpumagic.memory.census.categories import CATEGORIES
 from gpumagic.render.html import escape
 from gpumagic.render.svg import svg_image, svg_open
 from gpumagic.units import fmt_bytes
 
 if TYPE_CHECKING:
     from gpumagic.cell import Statement
-    from gpumagic.memory.tracer import Point
+    from gpumagic.memory.trace.tracer import Point
 
 __all__ = ["CATEGORY_COLORS", "memory_chart", "memory_chart_image"]
 

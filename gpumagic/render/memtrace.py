@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gpumagic.device_kinds import CUDA
-from gpumagic.memory.categories import ACTIVATIONS, CATEGORIES, SHORT
-from gpumagic.memory.oom import OomReport
-from gpumagic.memory.report import BREAKDOWN_COLUMNS, CATEGORY_COLUMNS
+from gpumagic.memory.census.categories import ACTIVATIONS, CATEGORIES, SHORT
+from gpumagic.memory.trace.oom import OomReport
+from gpumagic.memory.trace.result import BREAKDOWN_COLUMNS, CATEGORY_COLUMNS
 from gpumagic.render.html import PALETTE, escape, wrap
 from gpumagic.render.memchart import memory_chart_image
 from gpumagic.render.sections import (
@@ -25,9 +25,9 @@ from gpumagic.render.table import Bar, Column, Table
 from gpumagic.units import fmt_bytes, fmt_count, fmt_us
 
 if TYPE_CHECKING:
-    from gpumagic.memory.report import MemTrace
-    from gpumagic.memory.run import MemtraceStatus
-    from gpumagic.memory.timeline import AtPeak
+    from gpumagic.memory.trace.result import MemTrace
+    from gpumagic.memory.trace.run import MemtraceStatus
+    from gpumagic.memory.trace.timeline import AtPeak
 
 
 GROWTH, RELEASE, PEAK = PALETTE["alloc"], PALETTE["free"], PALETTE["peak"]
@@ -269,7 +269,7 @@ def oom_html(report: OomReport) -> str:
 def memtrace_live_html(status: MemtraceStatus) -> str:
     """The live view while a cell runs: the statement running now, its hits, memory so far.
 
-    Drawn from the run's status (:meth:`gpumagic.memory.run.MemtraceRun.status`), which the
+    Drawn from the run's status (:meth:`gpumagic.memory.trace.run.MemtraceRun.status`), which the
     probes already recorded: no device query from this thread.
     """
     s, hits, timeline = status.statement, status.hits, status.timeline

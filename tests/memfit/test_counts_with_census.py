@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 from memfit_models import namespace, train_cell  # noqa: E402
 from real_run import measure, prepare_source  # noqa: E402
 
-from gpumagic.memory.categories import CATEGORIES as CENSUS  # noqa: E402
+from gpumagic.memory.census.categories import CATEGORIES as CENSUS  # noqa: E402
 from gpumagic.memory.fit.accounting import CATEGORIES  # noqa: E402
 from gpumagic.memory.fit.dry_run import ALL, dry_run  # noqa: E402
 

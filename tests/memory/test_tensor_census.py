@@ -11,7 +11,7 @@ from svg_images import svg_images
 
 torch = pytest.importorskip("torch")
 
-from gpumagic.memory.categories import CATEGORIES, COLUMNS  # noqa: E402
+from gpumagic.memory.census.categories import CATEGORIES, COLUMNS  # noqa: E402
 
 MiB = 2**20
 
@@ -384,7 +384,7 @@ def test_the_census_runs_unchanged_on_fake_tensors():
     gives the same bytes, peaks and categories as on real ones, allocating nothing."""
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-    from gpumagic.memory.tensors import TensorTracker, on_cpu
+    from gpumagic.memory.census.tracker import TensorTracker, on_cpu
 
     def step(census):
         torch.manual_seed(0)

@@ -1,7 +1,7 @@
 """``%%memfit`` core (the glue is gpumagic.magics.memfit): will a cell fit on a GPU, predicted
 by a dry run on fake tensors, with no real allocation and no GPU needed.
 
-* :mod:`.accounting` - a cell run under issue 16's tensor census (:mod:`gpumagic.memory.tensors`,
+* :mod:`.accounting` - a cell run under issue 16's tensor census (:mod:`gpumagic.memory.census.tracker`,
   the engine ``%%memtrace`` counts with), its peak by category and module; :mod:`.deeper`
   what the namespace holds deeper than the census looks; :mod:`.measure` the same census on
   real tensors, the measured exact peak a prediction is checked against;

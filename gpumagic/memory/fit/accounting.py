@@ -1,9 +1,9 @@
-"""A dry run counted by issue 16's tensor census (:mod:`gpumagic.memory.tensors`), the engine
+"""A dry run counted by issue 16's tensor census (:mod:`gpumagic.memory.census.tracker`), the engine
 ``%%memtrace`` counts with, and its answer in ``%%memfit``'s terms.
 
 ``%%memfit`` asks one question of the accounting: *run this cell; tell me the peak, what
 was alive at the peak by category and by module, and which statement was running then.*
-:func:`account` runs a callable under a :class:`~gpumagic.memory.tensors.TensorTracker`,
+:func:`account` runs a callable under a :class:`~gpumagic.memory.census.tracker.TensorTracker`,
 settling the census at each statement boundary (it is the probe the instrumented cell
 calls), and keeps the highest moment; :class:`Accounting` is the answer. The census runs
 alike on real tensors (:mod:`.measure`, the reference a prediction is checked against) and
@@ -18,7 +18,7 @@ each storage alive at the peak with its category then, so parameters, gradients 
 optimizer state are given by module as well as activations, and the ordered allocations
 for the model of CUDA's caching allocator.
 
-The categories are the census's (:mod:`gpumagic.memory.categories`) under ``%%memfit``'s
+The categories are the census's (:mod:`gpumagic.memory.census.categories`) under ``%%memfit``'s
 keys; the census's "other" (tensors nothing names: an object's attribute, a long list) is
 split by birth: what the cell was given counts as inputs, what it made as temporaries.
 """
@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpumagic.cell import Probe
-from gpumagic.memory import categories as census_categories
+from gpumagic.memory.census import categories as census_categories
+from gpumagic.memory.census.ledger import EARLIER, EventLog, Ledger, Record, Settled
+from gpumagic.memory.census.tracker import TensorTracker, on_cpu
 from gpumagic.memory.fit.deeper import deeper
-from gpumagic.memory.ledger import EARLIER, EventLog, Ledger, Record, Settled
-from gpumagic.memory.tensors import TensorTracker, on_cpu
 
 PARAMETERS = "parameters"
 GRADIENTS = "gradients"

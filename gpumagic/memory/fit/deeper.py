@@ -2,7 +2,7 @@
 tensors inside objects and containers (a trainer's ``.model`` and ``.optimizer``, a dict of
 batches), named as the namespace reaches them (``trainer.model``).
 
-The census (:mod:`gpumagic.memory.reach`) looks at the namespace's names and one level into
+The census (:mod:`gpumagic.memory.census.reach`) looks at the namespace's names and one level into
 small lists, tuples and dicts, which is what ``%%memtrace`` can afford at every statement. A
 dry run is given only what the cell reads, once, so it walks a few levels down, through
 lists, tuples, dicts and plain objects' attributes, and hands the census what it found: the
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from gpumagic.memory.reach import named_values, user_items
+from gpumagic.memory.census.reach import named_values, user_items
 
 _DEPTH = 3  # how far into containers and attributes the walk looks
 _ITEMS = 1000  # elements of one container looked at

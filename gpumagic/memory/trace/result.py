@@ -9,18 +9,18 @@ from typing import TYPE_CHECKING, Any
 
 from gpumagic.cell import Statement
 from gpumagic.device_kinds import CUDA
-from gpumagic.memory.categories import CATEGORIES, COLUMNS
-from gpumagic.memory.device import TracedDevice
-from gpumagic.memory.ledger import EventLog
-from gpumagic.memory.oom import OomReport
-from gpumagic.memory.timeline import AtPeak, at_peak_of, timeline_frame
+from gpumagic.memory.census.categories import CATEGORIES, COLUMNS
+from gpumagic.memory.census.ledger import EventLog
+from gpumagic.memory.trace.device import TracedDevice
+from gpumagic.memory.trace.oom import OomReport
+from gpumagic.memory.trace.timeline import AtPeak, at_peak_of, timeline_frame
 from gpumagic.render.html import Rendered
 from gpumagic.units import fmt_count, fmt_us
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from gpumagic.memory.tracer import Categories, PeakMoment, Point, TraceTotals
+    from gpumagic.memory.trace.tracer import Categories, PeakMoment, Point, TraceTotals
     from gpumagic.render.sections import Report
 
 LINE_COLUMNS = [
@@ -42,7 +42,7 @@ LINE_COLUMNS = [
 # Without the tensor census (--no-tensors): who owns what after the statement, from a walk
 # over the namespace's models and optimizers; "other" is the rest of the traced total.
 BREAKDOWN_COLUMNS = ["params_bytes", "grads_bytes", "optimizer_bytes", "other_bytes"]
-# With it: every category (gpumagic.memory.categories), adding up to allocated_bytes.
+# With it: every category (gpumagic.memory.census.categories), adding up to allocated_bytes.
 CATEGORY_COLUMNS = list(COLUMNS)
 # How many statements the table highlights as the heaviest.
 HOT_ROWS = 3
@@ -79,7 +79,7 @@ class MemTrace(Rendered):
     host_final: int
     host_cell_peak: int
     elapsed_ns: int
-    points: list[Point]  # the tracer's timeline: see gpumagic.memory.tracer.Point
+    points: list[Point]  # the tracer's timeline: see gpumagic.memory.trace.tracer.Point
     host_method: str = ""
     error_index: int = -1  # statement that raised, -1 if the cell completed
     error: str = ""  # "ZeroDivisionError: division by zero"
@@ -167,14 +167,14 @@ class MemTrace(Rendered):
     @property
     def timeline(self) -> pd.DataFrame:
         """Memory over the cell by category, one row per point and category (see
-        :func:`gpumagic.memory.timeline.timeline_frame`)."""
+        :func:`gpumagic.memory.trace.timeline.timeline_frame`)."""
         return timeline_frame(self.points, self.statements)
 
     def export_memory_viz(self, path: str | Path) -> Path:
         """Write the cell's allocations and frees for PyTorch's memory visualiser: a
         ``.pickle`` for https://pytorch.org/memory_viz, or an ``.html`` page (see
-        :mod:`gpumagic.memory.viz`). Needs the tensor census."""
-        from gpumagic.memory.viz import memory_viz_snapshot, write_memory_viz
+        :mod:`gpumagic.memory.census.viz`). Needs the tensor census."""
+        from gpumagic.memory.census.viz import memory_viz_snapshot, write_memory_viz
 
         if self.events is None:
             raise ValueError(

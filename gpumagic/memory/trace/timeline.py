@@ -2,7 +2,7 @@
 ``MemTrace.at_peak``.
 
 The tracer keeps one point per statement execution (thinned to at most 4096 for long loops,
-peaks folded in, see :mod:`gpumagic.memory.tracer`): the bytes after the statement by
+peaks folded in, see :mod:`gpumagic.memory.trace.tracer`): the bytes after the statement by
 category, and the highest moment since the previous point with its categories. The
 timeline lists both, in long form (one row per point and category), the shape a stacked
 chart or a ``pivot`` wants.
@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpumagic.cell import Statement
-from gpumagic.memory.categories import ACTIVATIONS, CATEGORIES
+from gpumagic.memory.census.categories import ACTIVATIONS, CATEGORIES
 from gpumagic.units import fmt_bytes
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from gpumagic.memory.tracer import PeakMoment, Point
+    from gpumagic.memory.trace.tracer import PeakMoment, Point
 
 __all__ = ["TIMELINE_COLUMNS", "AtPeak", "at_peak_of", "timeline_frame"]
 
@@ -103,7 +103,7 @@ def _added_up(modules: Mapping[str, int], depth: int) -> dict[str, int]:
 def at_peak_of(
     moment: PeakMoment | None, statements: Sequence[Statement], names: Mapping[int, str]
 ) -> AtPeak | None:
-    """The :class:`AtPeak` of a tracer's :class:`~gpumagic.memory.tracer.PeakMoment`, module
+    """The :class:`AtPeak` of a tracer's :class:`~gpumagic.memory.trace.tracer.PeakMoment`, module
     tokens named (``names``: the census's)."""
     if moment is None:
         return None

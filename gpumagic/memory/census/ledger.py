@@ -1,5 +1,5 @@
 """The running account of tensor bytes by category: pure Python, fed by
-:mod:`gpumagic.memory.tensors` (real tensors for ``%%memtrace``, fake ones for a dry run).
+:mod:`gpumagic.memory.census.tracker` (real tensors for ``%%memtrace``, fake ones for a dry run).
 
 Every storage the tracker sees is a :class:`Record`: its size, its category, the module that
 made it and how it was made. The ledger keeps, at every instant, the bytes alive by category
@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpumagic.memory.categories import ACTIVATIONS, CATEGORIES, TEMPORARIES
+from gpumagic.memory.census.categories import ACTIVATIONS, CATEGORIES, TEMPORARIES
 
 __all__ = [
     "BACKWARD",

@@ -4,7 +4,7 @@ A parameter is ``model.fc.weight``, its gradient ``model.fc.weight.grad``, Adam'
 ``optimizer.state[model.fc.weight]['exp_avg']``; a list element ``batch[0]``. Tensors
 are counted by storage (views share one), first under their most meaningful name:
 modules, then optimizers, then everything else. Which tensors count is the caller's
-``keep`` predicate: the traced device's (:func:`gpumagic.memory.device.tensor_filter`).
+``keep`` predicate: the traced device's (:func:`gpumagic.memory.trace.device.tensor_filter`).
 """
 
 from __future__ import annotations

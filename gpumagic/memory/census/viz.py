@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from gpumagic.cell import Statement
-from gpumagic.memory.categories import CATEGORIES
-from gpumagic.memory.ledger import EARLIER, PENDING, EventLog, Record
+from gpumagic.memory.census.categories import CATEGORIES
+from gpumagic.memory.census.ledger import EARLIER, PENDING, EventLog, Record
 
 __all__ = ["memory_viz_snapshot", "write_memory_viz"]
 

@@ -19,16 +19,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpumagic.device_kinds import CUDA, HOST, DeviceKind
-from gpumagic.memory.device import (
+from gpumagic.memory.fit.suggest import oom_memfit_line
+from gpumagic.memory.trace.device import (
     TENSORS,
     TracedDevice,
     cuda_device,
     loaded_torch,
     tensor_filter,
 )
-from gpumagic.memory.fit.suggest import oom_memfit_line
-from gpumagic.memory.holders import Holder, frame_tensors, named_tensors, unnamed_tensor_bytes
-from gpumagic.memory.probes import CudaMemory, HostMemory, Reader, Reading
+from gpumagic.memory.trace.holders import Holder, frame_tensors, named_tensors, unnamed_tensor_bytes
+from gpumagic.memory.trace.readers import CudaMemory, HostMemory, Reader, Reading
 from gpumagic.units import fmt_bytes
 
 _UNITS = {
@@ -150,7 +150,7 @@ class OomReport:
     advice: list[str] = field(default_factory=list)
     requested_note: str = ""  # how to read ``requested`` (the allocator's rounded size)
     # The tensor census at the failure (None without it): bytes by category, in
-    # gpumagic.memory.categories' order, and the activations alive by module, largest first.
+    # gpumagic.memory.census.categories' order, and the activations alive by module, largest first.
     categories: tuple[int, ...] | None = None
     activations: list[tuple[str, int]] = field(default_factory=list)
     # The %%memfit line that answers "what fits" (a dry run: nothing allocated, no GPU

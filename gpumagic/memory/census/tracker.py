@@ -20,9 +20,9 @@ Why a dispatch mode, measured on this machine (torch 2.13 CPU build, 2 shared co
   for gradient computation has been modified by an inplace operation", an output saved by
   its own op is never freed (the hook's reference closes a cycle through C++), and
   ``torch.func.grad`` refuses to run. A cell must behave as without the magic, so activations
-  are told by how a tensor was made and what holds it (:mod:`gpumagic.memory.categories`).
+  are told by how a tensor was made and what holds it (:mod:`gpumagic.memory.census.categories`).
 
-The cell behaves as without the magic (:mod:`gpumagic.memory.dispatch` says how for the
+The cell behaves as without the magic (:mod:`gpumagic.memory.census.dispatch` says how for the
 mode); the optimizer hooks are global, present only while the cell runs, and do nothing
 while Dynamo traces (``torch.compiler.is_compiling()``); which module made a tensor is read
 off the Python stack, not from module hooks (:meth:`TensorTracker._running_module` says
@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from gpumagic.memory.categories import (
+from gpumagic.memory.census.categories import (
     ACTIVATIONS,
     GRADIENTS,
     INPUTS,
@@ -54,13 +54,13 @@ from gpumagic.memory.categories import (
     OTHER,
     PARAMETERS,
 )
-from gpumagic.memory.dispatch import (
+from gpumagic.memory.census.dispatch import (
     StorageMode,
     drop_own_frames,
     leave_mode,
     skip_in_dynamo,
 )
-from gpumagic.memory.ledger import (
+from gpumagic.memory.census.ledger import (
     BACKWARD,
     EARLIER,
     FORWARD,
@@ -72,8 +72,7 @@ from gpumagic.memory.ledger import (
     Record,
     Settled,
 )
-from gpumagic.memory.probes import Reading
-from gpumagic.memory.reach import (
+from gpumagic.memory.census.reach import (
     CONTAINER_MAX,
     history,
     models_in,
@@ -82,6 +81,7 @@ from gpumagic.memory.reach import (
     tensors_in,
     user_items,
 )
+from gpumagic.memory.trace.readers import Reading
 
 __all__ = ["TensorMemory", "TensorTracker", "drop_own_frames", "on_cpu"]
 
@@ -111,7 +111,7 @@ class TensorTracker:
     """Every storage on one device, from the moment it is made to its free, by category.
 
     ``namespace``: the user's namespace (names, models, optimizers). ``keep``: a predicate on
-    tensors, the traced device (:func:`gpumagic.memory.device.tensor_filter`). ``rounding``:
+    tensors, the traced device (:func:`gpumagic.memory.trace.device.tensor_filter`). ``rounding``:
     the allocator's granularity (CUDA's caching allocator hands out multiples of 512 bytes;
     1 on the CPU). ``tensor_type``: the tensors counted (plain ``torch.Tensor``; a dry run
     passes ``FakeTensor``), subclasses' own wrappers being no memory of their own.
@@ -378,7 +378,7 @@ class TensorTracker:
 
     def _classify(self, survivors: list[Record]) -> None:
         """Categories for the storages a statement left alive (see
-        :mod:`gpumagic.memory.categories`): models and optimizers first, then names, then
+        :mod:`gpumagic.memory.census.categories`): models and optimizers first, then names, then
         how each was made."""
         named, new_objects = self._scan_namespace()
         statement = self.ledger.statement
@@ -546,7 +546,7 @@ class TensorTracker:
 
 
 class TensorMemory:
-    """The CPU's tensor bytes as the tracer's reader (:class:`gpumagic.memory.probes.Reader`):
+    """The CPU's tensor bytes as the tracer's reader (:class:`gpumagic.memory.trace.readers.Reader`):
     the census's running total and the open statement's peak. The peak restarts when the
     census settles a statement, which the tracer does at every boundary."""
 

@@ -5,9 +5,9 @@ statement that was running (its delta, its peak above its own start, its end sta
 resets the peak counters and opens ``i``. One reading serves as the end of one
 statement and the start of the next, so a boundary costs one device query.
 
-With a tensor census (:class:`gpumagic.memory.tensors.TensorTracker`), each boundary also
+With a tensor census (:class:`gpumagic.memory.census.tracker.TensorTracker`), each boundary also
 settles the statement that ended: its bytes by category after it, and at its peak
-(:mod:`gpumagic.memory.categories`). On CUDA the allocator's counters stay the totals and
+(:mod:`gpumagic.memory.census.categories`). On CUDA the allocator's counters stay the totals and
 "other" is what no tensor accounts for; on the CPU the census is the total.
 
 When the cell ends, :meth:`MemoryTracer.finish` closes the last statement and hands out
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpumagic.cell import Statement
-from gpumagic.memory.categories import OTHER
-from gpumagic.memory.ledger import Settled
-from gpumagic.memory.probes import HostMemory, Reader, Reading
+from gpumagic.memory.census.categories import OTHER
+from gpumagic.memory.census.ledger import Settled
+from gpumagic.memory.trace.readers import HostMemory, Reader, Reading
 from gpumagic.tracebacks import hidden_hook
 
 # Breakdown into parameters / gradients / optimizer state costs a walk over the model's
@@ -38,7 +38,7 @@ _BREAKDOWN_EVERY_NS = 200_000_000
 _TIMELINE_MAX = 4096
 
 
-Categories = tuple[int, ...]  # bytes by category, in gpumagic.memory.categories' order
+Categories = tuple[int, ...]  # bytes by category, in gpumagic.memory.census.categories' order
 # (seconds since start, allocated, statement index, highest since the previous point,
 #  bytes by category after the statement or None, by category at that highest or None)
 Point = tuple[float, int, int, int, "Categories | None", "Categories | None"]
@@ -116,7 +116,7 @@ class MemoryTracer:
         statements: Sequence[Statement],
         reader: Reader,
         host: HostMemory,
-        breakdown: Any = None,  # gpumagic.memory.holders.ModelMemory or None
+        breakdown: Any = None,  # gpumagic.memory.trace.holders.ModelMemory or None
         sync: Callable[[], bool] | None = None,
         census: Census | None = None,
     ) -> None:

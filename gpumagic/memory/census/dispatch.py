@@ -60,7 +60,7 @@ def output_kind(func: Any) -> int:
 
 class StorageMode(TorchDispatchMode):
     """The dispatch mode: runs each op, then tells the tracker (a
-    :class:`gpumagic.memory.tensors.TensorTracker`) about its outputs."""
+    :class:`gpumagic.memory.census.tracker.TensorTracker`) about its outputs."""
 
     def __init__(self, tracker: Any) -> None:
         super().__init__()

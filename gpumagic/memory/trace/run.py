@@ -1,11 +1,11 @@
 """One ``%%memtrace`` run, without IPython: a :class:`gpumagic.cell.MeasuredRun` that traces
 memory per statement and makes the result.
 
-``start`` opens the host's readers, the tensor census (:mod:`gpumagic.memory.tensors`:
+``start`` opens the host's readers, the tensor census (:mod:`gpumagic.memory.census.tracker`:
 its dispatch mode and hooks) and the tracer (the probe the cell's statements call),
 ``stop`` closes the last statement, takes the tracer's totals and removes the census's mode
 and hooks, ``finish`` runs the out-of-memory post-mortem when the cell ran out of memory
-and builds the :class:`~gpumagic.memory.report.MemTrace`, ``close`` closes the readers and
+and builds the :class:`~gpumagic.memory.trace.result.MemTrace`, ``close`` closes the readers and
 lets the census go (until then it still counts frees: the post-mortem's release of the
 failed call's frames is measured in tensors). While the cell runs,
 :meth:`MemtraceRun.status` is the live view's data.
@@ -20,12 +20,12 @@ from typing import Any
 
 from gpumagic.cell import Statement, error_text
 from gpumagic.device_kinds import CUDA, HOST
-from gpumagic.memory.device import TracedDevice, cpu_tensors, cuda_device, resolve_device
-from gpumagic.memory.holders import ModelMemory
-from gpumagic.memory.oom import is_oom, memfit_next, post_mortem
-from gpumagic.memory.probes import CudaMemory, HostMemory, Reader, allocator_backend_note
-from gpumagic.memory.report import MemTrace
-from gpumagic.memory.tracer import MemoryTracer, Timeline, TraceTotals
+from gpumagic.memory.trace.device import TracedDevice, cpu_tensors, cuda_device, resolve_device
+from gpumagic.memory.trace.holders import ModelMemory
+from gpumagic.memory.trace.oom import is_oom, memfit_next, post_mortem
+from gpumagic.memory.trace.readers import CudaMemory, HostMemory, Reader, allocator_backend_note
+from gpumagic.memory.trace.result import MemTrace
+from gpumagic.memory.trace.tracer import MemoryTracer, Timeline, TraceTotals
 
 # The CUDA caching allocator hands out multiples of 512 bytes (kMinBlockSize in
 # c10/cuda/CUDACachingAllocator.cpp): the census rounds each storage as it does.
@@ -49,7 +49,7 @@ class MemtraceRun:
     """Trace one cell's memory per statement (a :class:`gpumagic.cell.MeasuredRun`).
 
     ``device``: ``--device`` (None: CUDA if there is one); an unknown or unusable device
-    raises :class:`~gpumagic.memory.device.DeviceError` here, before anything is acquired.
+    raises :class:`~gpumagic.memory.trace.device.DeviceError` here, before anything is acquired.
     ``sync``: synchronise the traced CUDA device at every statement boundary, so each
     statement's time includes the GPU work it queued (kernels run asynchronously: without
     it, a statement's time is the host's, and the next statement that waits for the GPU is
@@ -79,7 +79,7 @@ class MemtraceRun:
         self._tracer: MemoryTracer | None = None
         self._totals: TraceTotals | None = None
         self.tensors = tensors
-        self._census: Any = None  # gpumagic.memory.tensors.TensorTracker
+        self._census: Any = None  # gpumagic.memory.census.tracker.TensorTracker
         self._census_reader: Reader | None = None
 
     # -- the lifecycle ---------------------------------------------------------------------
@@ -100,7 +100,7 @@ class MemtraceRun:
         return self._tracer
 
     def _start_census(self) -> None:
-        from gpumagic.memory.tensors import TensorMemory, TensorTracker, on_cpu
+        from gpumagic.memory.census.tracker import TensorMemory, TensorTracker, on_cpu
 
         if self.device.kind == CUDA:
             census = TensorTracker(self.namespace, self.device.holds(), rounding=CUDA_ROUNDING)
@@ -122,10 +122,10 @@ class MemtraceRun:
 
     def finish(self, error: BaseException | None) -> MemTrace:
         """The result. After an out-of-memory error, also its report, and the release of the
-        failed call's frames (see :func:`gpumagic.memory.oom.post_mortem`)."""
+        failed call's frames (see :func:`gpumagic.memory.trace.oom.post_mortem`)."""
         assert self._tracer is not None and self._host is not None, "finish() before start()"
         if error is not None and self._census is not None:
-            from gpumagic.memory.tensors import drop_own_frames
+            from gpumagic.memory.census.tracker import drop_own_frames
 
             drop_own_frames(error)
         totals = self._totals if self._totals is not None else self._tracer.finish()

@@ -5,7 +5,7 @@ allocations the same way (PARAMETER, GRADIENT, OPTIMIZER_STATE, ACTIVATION, TEMP
 Each live tensor storage is in exactly one category at any moment, so the categories add up
 to the tensor bytes alive; "other" makes them add up to the allocator's total on CUDA.
 
-How a storage is classified (:mod:`gpumagic.memory.tensors` does it, the first rule that
+How a storage is classified (:mod:`gpumagic.memory.census.tracker` does it, the first rule that
 holds wins):
 
 * parameters: a parameter or buffer of an ``nn.Module`` the namespace names or the cell

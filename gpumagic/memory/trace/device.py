@@ -3,7 +3,7 @@ which tensors are on it.
 
 Two kinds (:mod:`gpumagic.device_kinds`): a CUDA device, read through the caching
 allocator's counters, or the host. On the host the bytes are the CPU's tensors, counted by
-the tensor census (:mod:`gpumagic.memory.tensors`); without torch, or with ``--no-tensors``,
+the tensor census (:mod:`gpumagic.memory.census.tracker`); without torch, or with ``--no-tensors``,
 the process's RSS, which counts pages (library code paged in, freed blocks glibc keeps), not
 tensors.
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpumagic.device_kinds import CUDA, HOST, DeviceKind
-from gpumagic.memory.probes import CudaMemory
+from gpumagic.memory.trace.readers import CudaMemory
 
 __all__ = [
     "DeviceError",

@@ -1,0 +1,1 @@
+"""The tensor census (filled in by the next commit)."""

@@ -1,0 +1,1 @@
+"""``%%memtrace`` (filled in by the next commit)."""
