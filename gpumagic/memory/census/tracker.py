@@ -81,9 +81,8 @@ from gpumagic.memory.census.reach import (
     tensors_in,
     user_items,
 )
-from gpumagic.memory.trace.readers import Reading
 
-__all__ = ["TensorMemory", "TensorTracker", "drop_own_frames", "on_cpu"]
+__all__ = ["TensorTracker", "drop_own_frames", "on_cpu"]
 
 # The walk over models and optimizers (parameters, gradients, state) on every statement that
 # leaves new tensors behind, except that a statement run again (a loop) does it at most this
@@ -544,18 +543,3 @@ class TensorTracker:
             names.setdefault(token, f"{cls} (no name reaches it)")
         return names
 
-
-class TensorMemory:
-    """The CPU's tensor bytes as the tracer's reader (:class:`gpumagic.memory.trace.readers.Reader`):
-    the census's running total and the open statement's peak. The peak restarts when the
-    census settles a statement, which the tracer does at every boundary."""
-
-    def __init__(self, tracker: TensorTracker) -> None:
-        self.tracker = tracker
-
-    def read(self) -> Reading:
-        ledger = self.tracker.ledger
-        return Reading(ledger.current, max(ledger.peak, ledger.current), ledger.current)
-
-    def reset_peak(self) -> None:
-        pass

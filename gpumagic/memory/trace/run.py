@@ -23,7 +23,13 @@ from gpumagic.device_kinds import CUDA, HOST
 from gpumagic.memory.trace.device import TracedDevice, cpu_tensors, cuda_device, resolve_device
 from gpumagic.memory.trace.holders import ModelMemory
 from gpumagic.memory.trace.oom import is_oom, memfit_next, post_mortem
-from gpumagic.memory.trace.readers import CudaMemory, HostMemory, Reader, allocator_backend_note
+from gpumagic.memory.trace.readers import (
+    CudaMemory,
+    HostMemory,
+    Reader,
+    TensorMemory,
+    allocator_backend_note,
+)
 from gpumagic.memory.trace.result import MemTrace
 from gpumagic.memory.trace.tracer import MemoryTracer, Timeline, TraceTotals
 
@@ -100,7 +106,7 @@ class MemtraceRun:
         return self._tracer
 
     def _start_census(self) -> None:
-        from gpumagic.memory.census.tracker import TensorMemory, TensorTracker, on_cpu
+        from gpumagic.memory.census.tracker import TensorTracker, on_cpu
 
         if self.device.kind == CUDA:
             census = TensorTracker(self.namespace, self.device.holds(), rounding=CUDA_ROUNDING)
