@@ -40,7 +40,7 @@ from __future__ import annotations
 import sys
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import FrameType
 from typing import Any
 
@@ -73,7 +73,6 @@ from gpumagic.memory.census.ledger import (
     Settled,
 )
 from gpumagic.memory.census.reach import (
-    CONTAINER_MAX,
     history,
     models_in,
     named_values,
@@ -81,6 +80,7 @@ from gpumagic.memory.census.reach import (
     tensors_in,
     user_items,
 )
+from gpumagic.namespace import module_tensors, small_values, submodules
 
 __all__ = ["TensorTracker", "drop_own_frames", "on_cpu"]
 
@@ -418,18 +418,12 @@ class TensorTracker:
             kind = type(value)
             if issubclass(kind, _Tensor):
                 self._name_tensor(value, named)
-            elif kind is list or kind is tuple:
-                if len(value) <= CONTAINER_MAX:
-                    for v in value:
-                        if issubclass(type(v), _Tensor):
-                            self._name_tensor(v, named)
-            elif kind is dict:
-                if len(value) <= CONTAINER_MAX:
-                    for v in list(value.values()):
-                        if issubclass(type(v), _Tensor):
-                            self._name_tensor(v, named)
-            elif issubclass(kind, (module_t, optim_t)) and id(value) not in self._known_models:
-                new_objects = True
+            elif issubclass(kind, (module_t, optim_t)):
+                new_objects = new_objects or id(value) not in self._known_models
+            else:
+                for v in small_values(value):
+                    if issubclass(type(v), _Tensor):
+                        self._name_tensor(v, named)
         return named, new_objects
 
     def _name_tensor(self, t: Any, named: set[int]) -> None:
@@ -442,49 +436,39 @@ class TensorTracker:
         """Parameters, buffers, gradients and optimizer state of every model and optimizer
         the namespace names or the cell stepped: each becomes its category."""
         classify = self._classify_tensor
+        for t, cat in self._model_tensors():
+            classify(t, cat)
+
+    def _model_tensors(self) -> Iterator[tuple[Any, int]]:
+        """(tensor, category) for the parameters, buffers, gradients and optimizer state of
+        the models and optimizers the namespace names (or the census was given), and of the
+        optimizers the cell stepped. A model's tensors are read from its modules' tables
+        (:func:`gpumagic.namespace.module_tensors`): no method of the user's model runs."""
         modules, optimizers = self.reached_models()
         self._known_models = {id(m) for m in (*modules, *optimizers)}
         for ref in self._optimizers:
             opt = ref()
             if opt is not None and id(opt) not in self._known_models:
                 optimizers.append(opt)
-        params: list[Any] = []
         for m in modules:
-            for p in m.parameters():
-                params.append(p)
-            for b in m.buffers():
-                classify(b, PARAMETERS)
-        for opt in optimizers:
-            for group in opt.param_groups:
-                params.extend(group["params"])
-            for state in list(opt.state.values()):
-                for t in tensors_in(state):
-                    classify(t, OPTIMIZER)
-        for p in params:
-            classify(p, PARAMETERS)
-            if p.grad is not None:
-                classify(p.grad, GRADIENTS)
-
-    # -- what was alive at the start -----------------------------------------------------------
-    def _register_existing(self) -> None:
-        modules, optimizers = self.reached_models()
-        self._known_models = {id(m) for m in (*modules, *optimizers)}
-        for m in modules:
-            for p in m.parameters():
-                self._existing(p, PARAMETERS)
-                if p.grad is not None:
-                    self._existing(p.grad, GRADIENTS)
-            for b in m.buffers():
-                self._existing(b, PARAMETERS)
+            for _name, role, t in module_tensors(m):
+                yield t, PARAMETERS
+                if role == "parameter" and t.grad is not None:
+                    yield t.grad, GRADIENTS
         for opt in optimizers:
             for group in opt.param_groups:
                 for p in group["params"]:
-                    self._existing(p, PARAMETERS)
+                    yield p, PARAMETERS
                     if p.grad is not None:
-                        self._existing(p.grad, GRADIENTS)
+                        yield p.grad, GRADIENTS
             for state in list(opt.state.values()):
                 for t in tensors_in(state):
-                    self._existing(t, OPTIMIZER)
+                    yield t, OPTIMIZER
+
+    # -- what was alive at the start -----------------------------------------------------------
+    def _register_existing(self) -> None:
+        for t, cat in self._model_tensors():
+            self._existing(t, cat)
         roots: list[Any] = []
         for _name, value in user_items(self.namespace):
             for t in named_values(value):
@@ -531,7 +515,7 @@ class TensorTracker:
         modules, _ = self.reached_models(with_names=True)
         for name, module in modules:
             try:
-                for sub, child in module.named_modules():
+                for sub, child in submodules(module):
                     token = self._module_ids.get(id(child))
                     if token is not None and token not in names:
                         ref = self._module_refs.get(token)
