@@ -32,8 +32,10 @@ from typing import Any
 from gpumagic.cell import Probe
 from gpumagic.memory.census import categories as census_categories
 from gpumagic.memory.census.ledger import EARLIER, EventLog, Ledger, Record, Settled
+from gpumagic.memory.census.reach import tensors_in
 from gpumagic.memory.census.tracker import TensorTracker, on_cpu
 from gpumagic.memory.fit.deeper import deeper
+from gpumagic.namespace import own_tensors, submodules
 
 PARAMETERS = "parameters"
 GRADIENTS = "gradients"
@@ -224,25 +226,24 @@ def _key(cat: int, rec: Record) -> str:
 
 def owners(census: TensorTracker) -> dict[int, str]:
     """Storage key -> the module that owns it, for the parameters, buffers, gradients and
-    optimizer state of the models and optimizers the census counts."""
+    optimizer state of the models and optimizers the census counts (read by the namespace's
+    rules: a model's tables, not its methods)."""
     out: dict[int, str] = {}
     param_owner: dict[int, str] = {}
     modules, optimizers = census.reached_models(with_names=True)
     for name, model in modules:
-        for sub, m in model.named_modules(prefix=name):
-            for t in (*m._parameters.values(), *m._buffers.values()):
-                if t is None:
-                    continue
-                param_owner.setdefault(id(t), sub)
-                out.setdefault(t.untyped_storage()._cdata, sub)
+        for sub, m in submodules(model):
+            owner = f"{name}.{sub}" if sub else name
+            for _, _, t in own_tensors(m):
+                param_owner.setdefault(id(t), owner)
+                out.setdefault(t.untyped_storage()._cdata, owner)
                 if t.is_leaf and t.grad is not None:
-                    out.setdefault(t.grad.untyped_storage()._cdata, sub)
+                    out.setdefault(t.grad.untyped_storage()._cdata, owner)
     for _, opt in optimizers:
         for p, state in list(opt.state.items()):
             owner = param_owner.get(id(p), "")
-            for value in state.values() if isinstance(state, dict) else ():
-                if hasattr(value, "untyped_storage"):
-                    out.setdefault(value.untyped_storage()._cdata, owner)
+            for value in tensors_in(state):
+                out.setdefault(value.untyped_storage()._cdata, owner)
     return out
 
 

@@ -20,6 +20,7 @@ from gpumagic.memory.fit.notes import dry_run_notes, error_text
 from gpumagic.memory.fit.result import MemFit, Target, WhatIf
 from gpumagic.memory.fit.shadow import code_names
 from gpumagic.memory.fit.what_if import make_fix
+from gpumagic.namespace import is_a
 from gpumagic.units import parse_size
 
 _MATMULS = ("mm.", "addmm.", "bmm.", "baddbmm.", "addbmm.", "_scaled_dot_product", "_scaled_mm", "linear.")
@@ -85,7 +86,7 @@ def predict(prepared: PreparedCell, user_ns: dict[str, Any], opts: FitOptions) -
     if opts.batch is not None:
         var, values = opts.batch
         current = user_ns.get(var)
-        value = current if isinstance(current, int) and not isinstance(current, bool) else max(values)
+        value = current if is_a(current, int) and not is_a(current, bool) else max(values)
         if current is not value:
             base_overrides[var] = value
         batch_base = (var, value)

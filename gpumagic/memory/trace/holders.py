@@ -10,14 +10,12 @@ modules, then optimizers, then everything else. Which tensors count is the calle
 from __future__ import annotations
 
 import sys
-import types
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-# Containers are looked into one level deep and only when small: a list of a million
-# floats is not worth walking on every probe, and an OOM report needs the big holders.
-_CONTAINER_MAX = 64
+from gpumagic.memory.census.reach import storage_of
+from gpumagic.namespace import is_a, module_tensors, small_items, user_items
 
 
 @dataclass(frozen=True)
@@ -32,40 +30,29 @@ class Holder:
 
 
 def _storage_key(t: Any) -> tuple[int, int]:
+    storage = storage_of(t)
     try:
-        storage = t.untyped_storage()
         return storage.data_ptr(), storage.nbytes()
-    except Exception:  # sparse / meta / tensor subclasses without storage
+    except Exception:  # sparse, meta, fake: no storage, or none with an address
         return id(t), 0
 
 
-def is_a(value: Any, kinds: type | tuple[type, ...]) -> bool:
-    """``isinstance(value, kinds)`` for any object a namespace may hold: an object whose
-    ``__class__`` lookup raises (a lazy settings proxy, which isinstance consults after the
-    real type) is what its real type says; no user object may break the measurement."""
-    try:
-        return isinstance(value, kinds)
-    except Exception:
-        return issubclass(type(value), kinds)
-
-
-def _skip(name: str, value: Any) -> bool:
-    return (
-        name.startswith("_")
-        or name in ("In", "Out", "exit", "quit", "get_ipython")
-        or is_a(value, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType))
-    )
+def _holder(name: str, role: str, t: Any, ptr: int, nbytes: int) -> Holder:
+    dtype = str(t.dtype).replace("torch.", "")
+    return Holder(name, role, nbytes, tuple(t.shape), dtype, str(t.device), ptr)
 
 
 def named_tensors(namespace: Mapping[str, Any], keep: Callable[[Any], bool]) -> Iterator[Holder]:
-    """Every tensor reachable by name from ``namespace`` on the kept device, once per storage."""
+    """Every tensor reachable by name from ``namespace`` on the kept device, once per storage:
+    the user's names (:func:`gpumagic.namespace.user_items`), the items of a small container,
+    a model's parameters and buffers, an optimizer's state, read by the namespace's rules."""
     torch = sys.modules.get("torch")
     if torch is None:
         return
     Tensor, Module = torch.Tensor, torch.nn.Module
     Optimizer = torch.optim.Optimizer
     seen: set[int] = set()
-    items = [(k, v) for k, v in list(namespace.items()) if not _skip(k, v)]
+    items = user_items(namespace)
 
     def emit(name: str, role: str, t: Any) -> Holder | None:
         if not is_a(t, Tensor) or not keep(t):
@@ -74,23 +61,21 @@ def named_tensors(namespace: Mapping[str, Any], keep: Callable[[Any], bool]) -> 
         if ptr in seen or nbytes == 0:
             return None
         seen.add(ptr)
-        dtype = str(t.dtype).replace("torch.", "")
-        return Holder(name, role, nbytes, tuple(t.shape), dtype, str(t.device), ptr)
+        return _holder(name, role, t, ptr, nbytes)
 
     param_names: dict[int, str] = {}
     for name, value in items:
         if is_a(value, Module):
-            for pname, p in value.named_parameters():
-                param_names.setdefault(id(p), f"{name}.{pname}")
-                if (h := emit(f"{name}.{pname}", "parameter", p)) is not None:
+            for pname, role, p in module_tensors(value):
+                if role == "parameter":
+                    param_names.setdefault(id(p), f"{name}.{pname}")
+                if (h := emit(f"{name}.{pname}", role, p)) is not None:
                     yield h
                 if (
-                    p.grad is not None
+                    role == "parameter"
+                    and p.grad is not None
                     and (h := emit(f"{name}.{pname}.grad", "gradient", p.grad)) is not None
                 ):
-                    yield h
-            for bname, b in value.named_buffers():
-                if (h := emit(f"{name}.{bname}", "buffer", b)) is not None:
                     yield h
     for name, value in items:
         if is_a(value, Optimizer):
@@ -111,7 +96,7 @@ def named_tensors(namespace: Mapping[str, Any], keep: Callable[[Any], bool]) -> 
                             yield h
     for name, value in items:
         if is_a(value, Tensor):
-            role = "parameter" if isinstance(value, torch.nn.Parameter) else "tensor"
+            role = "parameter" if is_a(value, torch.nn.Parameter) else "tensor"
             if (h := emit(name, role, value)) is not None:
                 yield h
             # a non-leaf tensor's .grad is only read when it retains one: reading it
@@ -122,13 +107,9 @@ def named_tensors(namespace: Mapping[str, Any], keep: Callable[[Any], bool]) -> 
                 and (h := emit(f"{name}.grad", "gradient", value.grad)) is not None
             ):
                 yield h
-        elif is_a(value, (list, tuple)) and len(value) <= _CONTAINER_MAX:
-            for i, v in enumerate(value):
-                if (h := emit(f"{name}[{i}]", "tensor", v)) is not None:
-                    yield h
-        elif is_a(value, dict) and len(value) <= _CONTAINER_MAX:
-            for key, v in list(value.items()):
-                if (h := emit(f"{name}[{key!r}]", "tensor", v)) is not None:
+        else:
+            for step, v in small_items(value):
+                if (h := emit(f"{name}{step}", "tensor", v)) is not None:
                     yield h
 
 
@@ -150,31 +131,15 @@ def frame_tensors(
         code = tb.tb_frame.f_code
         where = getattr(code, "co_qualname", code.co_name)
         for name, value in list(tb.tb_frame.f_locals.items()):
-            values = (
-                value
-                if is_a(value, (list, tuple)) and len(value) <= _CONTAINER_MAX
-                else (value,)
-            )
-            for k, v in enumerate(values):
+            held = [("", value)] if is_a(value, torch.Tensor) else small_items(value)
+            for step, v in held:
                 if not is_a(v, torch.Tensor) or not keep(v):
                     continue
                 ptr, nbytes = _storage_key(v)
                 if ptr in seen or nbytes == 0:
                     continue
                 seen.add(ptr)
-                label = f"{where}(): {name}" + (f"[{k}]" if values is value else "")
-                dtype = str(v.dtype).replace("torch.", "")
-                out.append(
-                    Holder(
-                        label,
-                        "in the failing call",
-                        nbytes,
-                        tuple(v.shape),
-                        dtype,
-                        str(v.device),
-                        ptr,
-                    )
-                )
+                out.append(_holder(f"{where}(): {name}{step}", "in the failing call", v, ptr, nbytes))
         tb = tb.tb_next
     return out
 
@@ -183,19 +148,17 @@ def unnamed_tensor_bytes(named: set[int], keep: Callable[[Any], bool]) -> tuple[
     """(bytes, count) of live tensors on the kept device that no name reaches (via ``gc``).
 
     Slow on large heaps (it visits every tracked object), so only the OOM report calls it.
-    """
+    Every object of the heap is told by its ``type()``: asking for its ``__class__`` (as
+    ``isinstance`` does) could run a lazy module's or a proxy's code."""
     import gc
-    import warnings
 
     torch = sys.modules.get("torch")
     if torch is None:
         return 0, 0
+    tensor_t = torch.Tensor
     total = count = 0
     seen = set(named)
-    with warnings.catch_warnings():
-        # isinstance() on some lazy module attributes emits deprecation warnings
-        warnings.simplefilter("ignore")
-        tensors = [obj for obj in gc.get_objects() if _is_tensor(obj, torch.Tensor) and keep(obj)]
+    tensors = [obj for obj in gc.get_objects() if issubclass(type(obj), tensor_t) and keep(obj)]
     for obj in tensors:
         ptr, nbytes = _storage_key(obj)
         if ptr in seen:
@@ -204,13 +167,6 @@ def unnamed_tensor_bytes(named: set[int], keep: Callable[[Any], bool]) -> tuple[
         total += nbytes
         count += 1
     return total, count
-
-
-def _is_tensor(obj: Any, tensor_type: type) -> bool:
-    try:
-        return isinstance(obj, tensor_type)
-    except Exception:  # objects whose __class__ lookup raises (lazy proxies)
-        return False
 
 
 class ModelMemory:
