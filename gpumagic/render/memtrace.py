@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gpumagic.device_kinds import CUDA
-from gpumagic.memory.census.categories import ACTIVATIONS, CATEGORIES, SHORT
+from gpumagic.memory.census.categories import ACTIVATIONS, NAMES, SHORT
 from gpumagic.memory.trace.oom import OomReport
 from gpumagic.memory.trace.result import BREAKDOWN_COLUMNS, CATEGORY_COLUMNS
 from gpumagic.render.html import PALETTE, escape, wrap
@@ -250,7 +250,7 @@ def oom_section(report: OomReport) -> Box:
 
 def _at_failure(report: OomReport) -> str:
     assert report.categories is not None
-    text = "Tensors at the failure: " + _categories_text(dict(zip(CATEGORIES, report.categories)))
+    text = "Tensors at the failure: " + _categories_text(dict(zip(NAMES, report.categories)))
     act = report.categories[ACTIVATIONS]
     if act and report.activations:
         mods = ", ".join(f"{name} {fmt_bytes(n)}" for name, n in report.activations[:6])

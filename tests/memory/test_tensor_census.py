@@ -11,7 +11,7 @@ from svg_images import svg_images
 
 torch = pytest.importorskip("torch")
 
-from gpumagic.memory.census.categories import CATEGORIES, COLUMNS  # noqa: E402
+from gpumagic.memory.census.categories import COLUMNS, NAMES  # noqa: E402
 
 MiB = 2**20
 
@@ -101,7 +101,7 @@ def test_mlp_categories_parameters_activations_gradients_optimizer_state(ip, run
     assert lines.loc[5, "inputs_bytes"] == batch * width * 4 + 4
     # activations by module: the two ReLUs, named as the namespace names them
     forward_peak = t.peak_categories[[s.line for s in t.statements].index(5)]
-    assert forward_peak is not None and forward_peak[CATEGORIES.index("activations")] == activations
+    assert forward_peak is not None and forward_peak[NAMES.index("activations")] == activations
 
 
 def test_categories_add_up_to_allocated_on_every_row(ip, run):
@@ -167,7 +167,7 @@ def test_timeline_is_long_form_by_category(ip, run):
     run("%%memtrace -q\na = torch.ones(1000)\nb = torch.ones(2000).sum()\ndel a\n")
     tl = ip.user_ns["_memtrace"].timeline
     assert list(tl.columns) == ["time_s", "step", "line", "source", "point", "category", "bytes"]
-    assert set(tl.category) == set(CATEGORIES)
+    assert set(tl.category) == set(NAMES)
     after = tl[tl.point == "after"].pivot(index="line", columns="category", values="bytes")
     assert after.loc[2, "inputs"] == 4000 and after.loc[4, "inputs"] == 4
     peaks = tl[tl.point == "peak"]
@@ -324,7 +324,7 @@ def test_out_of_memory_report_names_the_activations(ip, run):
     t = ip.user_ns["_memtrace"]
     oom = t.oom
     assert oom is not None and oom.categories is not None
-    activations = oom.categories[CATEGORIES.index("activations")]
+    activations = oom.categories[NAMES.index("activations")]
     # kept for backward: the two ReLU outputs (h is the second), and the first Linear's input
     assert activations == 2 * 512 * 1024 * 4 + 512 * 64 * 4
     assert dict(oom.activations) == {
@@ -420,6 +420,6 @@ def test_the_census_runs_unchanged_on_fake_tensors():
     assert [s.after for s in got] == [s.after for s in expected]
     assert [s.at_peak for s in got] == [s.at_peak for s in expected]
     # the ReLU's output kept for backward; x and loss are named
-    assert expected[0].after[CATEGORIES.index("activations")] == 64 * 256 * 4
-    assert expected[0].after[CATEGORIES.index("inputs")] == 64 * 128 * 4 + 4
-    assert expected[2].after[CATEGORIES.index("optimizer state")] > 0
+    assert expected[0].after[NAMES.index("activations")] == 64 * 256 * 4
+    assert expected[0].after[NAMES.index("inputs")] == 64 * 128 * 4 + 4
+    assert expected[2].after[NAMES.index("optimizer state")] > 0

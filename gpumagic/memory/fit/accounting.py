@@ -30,23 +30,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpumagic.cell import Probe
-from gpumagic.memory.census import categories as census_categories
+from gpumagic.memory.census.categories import INPUTS, KEYS, OPTIMIZER, OTHER, TEMPORARIES
 from gpumagic.memory.census.ledger import EARLIER, EventLog, Ledger, Record, Settled
 from gpumagic.memory.census.reach import tensors_in
 from gpumagic.memory.census.tracker import TensorTracker, on_cpu
 from gpumagic.memory.fit.deeper import deeper
 from gpumagic.namespace import own_tensors, submodules
 
-PARAMETERS = "parameters"
-GRADIENTS = "gradients"
-OPTIMIZER_STATE = "optimizer_state"
-ACTIVATIONS = "activations"
-TEMPORARIES = "temporaries"
-INPUTS = "inputs"
-# In the order a report lists them; the same names are the keys of Accounting.categories.
-CATEGORIES = (PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, TEMPORARIES, INPUTS)
-# The census's category numbers, in its order, as memfit's keys (OTHER is split by birth).
-_KEYS = (PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, TEMPORARIES, INPUTS, TEMPORARIES)
+# The census's categories as %%memfit reports them (the keys of Accounting.categories, in
+# the census's order): all but "other", which a dry run splits by birth (_key).
+FIT_KEYS = tuple(key for cat, key in enumerate(KEYS) if cat != OTHER)
 # Allocations and frees kept for the allocator's model: far beyond a training step's
 # thousands; past it the model sees a prefix and says so.
 TRACE_MAX = 1 << 22
@@ -114,7 +107,7 @@ def account(fn: Callable[[CensusProbe], object], scope: AccountingScope) -> tupl
     run = CensusProbe(census, scope.probe)
     error: Exception | None = None
     try:
-        census.start(also=[(t, census_categories.OTHER) for t in found.tensors])
+        census.start(also=[(t, OTHER) for t in found.tensors])
         run.begin()
         try:
             fn(run)
@@ -182,7 +175,7 @@ class CensusProbe:
 
     def result(self, device: str) -> Accounting:
         census = self.census
-        categories = dict.fromkeys(CATEGORIES, 0)
+        categories = dict.fromkeys(FIT_KEYS, 0)
         by_module: dict[tuple[str, str], int] = {}
         if self.alive is not None:
             names = census.module_names()
@@ -191,14 +184,15 @@ class CensusProbe:
                     continue
                 key = _key(cat, rec)
                 categories[key] += n
-                module = self.owners.get(rec.key, "") if cat <= census_categories.OPTIMIZER else ""
+                module = self.owners.get(rec.key, "") if cat <= OPTIMIZER else ""
                 if rec.module:
                     module = names.get(rec.module, "")
                 by_module[(module, key)] = by_module.get((module, key), 0) + n
         else:  # a statement too long to replay: its categories as known at the time
             for cat, n in enumerate(self.at_peak):
-                categories[_KEYS[cat]] += n
-                by_module[("", _KEYS[cat])] = by_module.get(("", _KEYS[cat]), 0) + n
+                key = _key(cat, None)
+                categories[key] += n
+                by_module[("", key)] = by_module.get(("", key), 0) + n
         modules = sorted(((m, c, b) for (m, c), b in by_module.items() if b > 0), key=lambda r: -r[2])
         events = census.ledger.events
         trace = None
@@ -218,10 +212,13 @@ class CensusProbe:
         )
 
 
-def _key(cat: int, rec: Record) -> str:
-    if cat == census_categories.OTHER:
-        return INPUTS if rec.born == EARLIER else TEMPORARIES
-    return _KEYS[cat]
+def _key(cat: int, rec: Record | None) -> str:
+    """A census category as %%memfit's key: "other" (tensors nothing names) is what the cell
+    was given (inputs) when it was alive before the cell, else what it made (temporaries;
+    also where the record is not known, a statement too long to replay)."""
+    if cat == OTHER:
+        return KEYS[INPUTS] if rec is not None and rec.born == EARLIER else KEYS[TEMPORARIES]
+    return KEYS[cat]
 
 
 def owners(census: TensorTracker) -> dict[int, str]:
@@ -267,4 +264,4 @@ def _notes(census: TensorTracker) -> list[str]:
     return notes
 
 
-__all__ = ["CATEGORIES", "Accounting", "AccountingScope", "CensusProbe", "account", "owners"]
+__all__ = ["FIT_KEYS", "Accounting", "AccountingScope", "CensusProbe", "account", "owners"]

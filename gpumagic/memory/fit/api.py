@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpumagic.cell import PreparedCell, PythonCompiler, prepare
-from gpumagic.memory.fit.accounting import CATEGORIES
 from gpumagic.memory.fit.allocator import AllocatorModel
 from gpumagic.memory.fit.batch import BatchPoint, largest_batch
 from gpumagic.memory.fit.dry_run import DEFAULT_TIMEOUT_S, DryRun, dry_run
@@ -212,4 +211,4 @@ def memfit(
     return predict(prepared, namespace if namespace is not None else {}, opts)
 
 
-__all__ = ["CATEGORIES", "FitOptions", "memfit", "predict", "resolve_target"]
+__all__ = ["FitOptions", "memfit", "predict", "resolve_target"]

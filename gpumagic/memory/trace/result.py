@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpumagic.cell import Statement
 from gpumagic.device_kinds import CUDA
-from gpumagic.memory.census.categories import CATEGORIES, COLUMNS
+from gpumagic.memory.census.categories import COLUMNS, NAMES
 from gpumagic.memory.census.ledger import EventLog
 from gpumagic.memory.trace.device import TracedDevice
 from gpumagic.memory.trace.oom import OomReport
@@ -320,10 +320,10 @@ class MemTrace(Rendered):
 
             stacks = [
                 [(p[4][c] if p[4] is not None else 0) / 2**20 for p in points]
-                for c in range(len(CATEGORIES))
+                for c in range(len(NAMES))
             ]
             ax.stackplot(
-                xs, *stacks, labels=CATEGORIES, colors=CATEGORY_COLORS, alpha=0.5, step="post"
+                xs, *stacks, labels=NAMES, colors=CATEGORY_COLORS, alpha=0.5, step="post"
             )
         ax.set_xlabel("statement executions, in order")
         ax.set_ylabel("MiB")

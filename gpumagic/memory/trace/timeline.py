@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpumagic.cell import Statement
-from gpumagic.memory.census.categories import ACTIVATIONS, CATEGORIES
+from gpumagic.memory.census.categories import ACTIVATIONS, NAMES
 from gpumagic.units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ def timeline_frame(points: Sequence[Point], statements: Sequence[Statement]) -> 
         for point, cats in (("peak", peak), ("after", after)):
             if cats is None:
                 continue
-            rows.extend((t, step, s.line, s.source, point, c, b) for c, b in zip(CATEGORIES, cats))
+            rows.extend((t, step, s.line, s.source, point, c, b) for c, b in zip(NAMES, cats))
     return pd.DataFrame(rows, columns=TIMELINE_COLUMNS)
 
 
@@ -83,7 +83,7 @@ class AtPeak:
 
     @property
     def activations(self) -> int:
-        return self.categories.get(CATEGORIES[ACTIVATIONS], 0)
+        return self.categories.get(NAMES[ACTIVATIONS], 0)
 
     def __repr__(self) -> str:
         cats = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in self.categories.items() if v)
@@ -117,6 +117,6 @@ def at_peak_of(
         line=s.line,
         source=s.source,
         hit=moment.hit,
-        categories=dict(zip(CATEGORIES, moment.categories)),
+        categories=dict(zip(NAMES, moment.categories)),
         modules=dict(sorted(modules.items(), key=lambda kv: -kv[1])),
     )
