@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from gpumagic.cell import error_text
 from gpumagic.memory.census.categories import (
     ACTIVATIONS,
     GRADIENTS,
@@ -203,7 +204,7 @@ class TensorTracker:
         """The tracker's own code failed: stop tracking, keep the reason for the report."""
         self.active = False
         statement = self.ledger.statement
-        self.errors.append(f"{type(exc).__name__}: {exc}"[:300] + f" (statement {statement})")
+        self.errors.append(f"{error_text(exc)} (statement {statement})")
 
     # -- the hot path: an op's outputs ---------------------------------------------------------
     def see(self, t: Any, fresh: bool) -> None:

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from gpumagic.cell import error_text
 from gpumagic.namespace import is_a
 
 
@@ -150,7 +151,7 @@ def build_shadow(
                     shadow.copied.append(name)
                 except Exception as exc:  # a lock, a file, a thread inside
                     ns[name] = value
-                    shadow.as_is.append((name, f"{type(exc).__name__}: {exc}"[:120]))
+                    shadow.as_is.append((name, error_text(exc, 120)))
         for name in functions:
             ns[name] = _rebound(user_ns[name], ns, memo)
     return shadow

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpumagic.cell import error_text
 from gpumagic.device_kinds import CUDA, HOST, DeviceKind
 from gpumagic.memory.fit.suggest import oom_memfit_line
 from gpumagic.memory.trace.device import (
@@ -51,6 +52,9 @@ _CPU_ASK = re.compile(r"you tried to allocate (\d+) bytes", re.IGNORECASE)
 # numpy: "Unable to allocate 32.0 TiB for an array with shape ..."
 _NUMPY_ASK = re.compile(r"Unable to allocate ([\d.]+) ?([KMGTP]?i?B)", re.IGNORECASE)
 
+# The report keeps the error's first line whole: torch's CUDA message is one long line, whose
+# end (the allocator's advice) the report's readers search.
+_WHOLE_LINE = sys.maxsize
 # Fragmentation worth a word: reserved-but-unallocated above this share of the reserved pool.
 FRAGMENTATION_SHARE = 0.2
 FRAGMENTATION_MIN_BYTES = 256 * 2**20
@@ -201,11 +205,6 @@ def memfit_next(report: OomReport, sources: Sequence[str], namespace: Mapping[st
         return ""
 
 
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
 def build_cuda_report(
     exc: BaseException,
     stats: Mapping[str, Any],
@@ -221,7 +220,7 @@ def build_cuda_report(
     free, total = mem_info if mem_info is not None else (None, None)
     report = OomReport(
         device=device,
-        exception=_short(exc),
+        exception=error_text(exc, _WHOLE_LINE),
         requested=requested_bytes(str(exc)),
         free=free,
         total=total,
@@ -269,7 +268,7 @@ def build_host_report(
         total = address_limit if total is None else min(total, address_limit)
     report = OomReport(
         device=HOST,
-        exception=_short(exc),
+        exception=error_text(exc, _WHOLE_LINE),
         requested=requested_bytes(str(exc)),
         free=free,
         total=total,

@@ -44,6 +44,8 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gpumagic.cell import error_text
+
 if TYPE_CHECKING:
     from gpumagic.memory.census.tracker import TensorTracker
 
@@ -88,7 +90,7 @@ class HostMemory:
                 self.why = "exact peaks from VmHWM after resetting it through /proc/self/clear_refs"
             except (OSError, ValueError) as exc:
                 self._close_fds()
-                self.why = f"peak-RSS reset unavailable ({exc.__class__.__name__}: {exc}); peaks sampled every 1 ms"
+                self.why = f"peak-RSS reset unavailable ({error_text(exc)}); peaks sampled every 1 ms"
             except BaseException:  # interrupted: nobody holds this object yet to close it
                 self._close_fds()
                 raise

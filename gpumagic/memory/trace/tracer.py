@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gpumagic.cell import Statement
+from gpumagic.cell import Statement, error_text
 from gpumagic.memory.census.categories import OTHER
 from gpumagic.memory.census.ledger import Settled
 from gpumagic.memory.trace.readers import HostMemory, Reader, Reading
@@ -207,8 +207,7 @@ class MemoryTracer:
             # cell's exception to a statement boundary. Stop syncing; the cell's next own
             # synchronisation raises it as it would without the magic.
             self._sync = None
-            first = str(exc).strip().splitlines()[:1]
-            self.sync_error = f"{type(exc).__name__}: {first[0]}" if first else type(exc).__name__
+            self.sync_error = error_text(exc)
             return
         if waited:
             self.syncs += 1
