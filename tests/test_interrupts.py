@@ -247,7 +247,7 @@ MEMTRACE_STAGES = [
     ("the tracer starts", lambda: _tracer().MemoryTracer, "__init__", True, None),
     ("the live view starts", lambda: _live().LiveView, "start", True, None),
     ("the first statement starts", lambda: _tracer().MemoryTracer, "enter", False, None),
-    ("the last statement closes", lambda: _tracer().MemoryTracer, "finish", False, None),
+    ("the last statement closes", lambda: _tracer().MemoryTracer, "stop", False, None),
     ("the result is built", lambda: _report().MemTrace, "from_totals", False, None),
     ("the live view stops", lambda: _live().LiveView, "stop", True, None),
     ("the readers close", lambda: _probes().HostMemory, "close", True, None),

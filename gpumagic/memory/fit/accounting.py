@@ -108,12 +108,12 @@ def account(fn: Callable[[CensusProbe], object], scope: AccountingScope) -> tupl
     error: Exception | None = None
     try:
         census.start(also=[(t, OTHER) for t in found.tensors])
-        run.begin()
+        run.start()
         try:
             fn(run)
         except Exception as exc:  # the cell's error: the accounting so far still answers
             error = exc
-        run.close()
+        run.stop()
         census.stop()
         return run.result(scope.device), error
     finally:
@@ -122,7 +122,10 @@ def account(fn: Callable[[CensusProbe], object], scope: AccountingScope) -> tupl
 
 class CensusProbe:
     """The probe: settles the census at each statement boundary and keeps the highest
-    moment, with what was alive then and who owned it."""
+    moment, with what was alive then and who owned it. Its lifecycle is the tracer's
+    (:class:`gpumagic.memory.trace.tracer.MemoryTracer`) in the words of
+    :class:`gpumagic.cell.MeasuredRun`: ``start``, ``enter`` at each statement, ``stop``;
+    :meth:`result` is the answer."""
 
     def __init__(self, census: TensorTracker, inner: Probe | None) -> None:
         self.census = census
@@ -136,7 +139,7 @@ class CensusProbe:
         self.alive: tuple[tuple[Record, int, int], ...] | None = None
         self.owners: dict[int, str] = {}
 
-    def begin(self) -> None:
+    def start(self) -> None:
         """What the cell was given: the first moment, before its first statement."""
         self._took(self.census.settle(-1))
 
@@ -146,7 +149,8 @@ class CensusProbe:
         if self.inner is not None:
             self.inner.enter(index)
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """The cell ended: its last statement settled."""
         self._took(self.census.settle(-1))
         self.open = -1
 

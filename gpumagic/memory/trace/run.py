@@ -121,7 +121,7 @@ class MemtraceRun:
     def stop(self) -> None:
         try:
             if self._tracer is not None:
-                self._totals = self._tracer.finish()
+                self._totals = self._tracer.stop()
         finally:
             if self._census is not None:
                 self._census.stop()
@@ -134,7 +134,7 @@ class MemtraceRun:
             from gpumagic.memory.census.tracker import drop_own_frames
 
             drop_own_frames(error)
-        totals = self._totals if self._totals is not None else self._tracer.finish()
+        totals = self._totals if self._totals is not None else self._tracer.stop()
         device = self._named_device()
         oom = None
         names = self._census.module_names() if self._census is not None else {}

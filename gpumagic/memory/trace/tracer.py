@@ -10,7 +10,7 @@ settles the statement that ended: its bytes by category after it, and at its pea
 (:mod:`gpumagic.memory.census.categories`). On CUDA the allocator's counters stay the totals and
 "other" is what no tensor accounts for; on the CPU the census is the total.
 
-When the cell ends, :meth:`MemoryTracer.finish` closes the last statement and hands out
+When the cell ends, :meth:`MemoryTracer.stop` closes the last statement and hands out
 the numbers as a frozen :class:`TraceTotals`; what comes after (the out-of-memory
 post-mortem, the result) works on that, never on the tracer's fields.
 """
@@ -313,9 +313,10 @@ class MemoryTracer:
             self._stride *= 2
 
     # -- end of the cell -------------------------------------------------------------------
-    def finish(self) -> TraceTotals:
-        """Close the statement still open (the failing one, after an error) and hand out
-        the numbers. A second call hands out the same numbers."""
+    def stop(self) -> TraceTotals:
+        """Stop measuring: close the statement still open (the failing one, after an error)
+        and hand out the numbers. A second call hands out the same numbers. (The run's own
+        ``stop`` calls it: one lifecycle, :class:`gpumagic.cell.MeasuredRun`'s words.)"""
         if self._totals is not None:
             return self._totals
         failing = self.open
