@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpumagic.memory.census.reach import storage_of
 from gpumagic.namespace import is_a, module_tensors, small_items, user_items
 
 
@@ -30,6 +29,10 @@ class Holder:
 
 
 def _storage_key(t: Any) -> tuple[int, int]:
+    # imported here: the census imports torch, and the report's modules must not (importing
+    # the front end loads them, in a kernel that may never import torch)
+    from gpumagic.memory.census.reach import storage_of
+
     storage = storage_of(t)
     try:
         return storage.data_ptr(), storage.nbytes()
