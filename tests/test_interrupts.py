@@ -213,7 +213,7 @@ def _tracer():
 
 
 def _oom():
-    from gpumagic.memory.trace import oom
+    from gpumagic.memory.trace.oom import postmortem as oom
 
     return oom
 

@@ -293,7 +293,7 @@ def test_oom_frames_are_reported_then_released(ip, run):
 
 
 def test_a_report_that_runs_out_of_memory_itself_still_releases_and_raises_once(ip, run, monkeypatch):
-    import gpumagic.memory.trace.oom as oom
+    import gpumagic.memory.trace.oom.postmortem as oom
 
     def exhausted(*args, **kwargs):
         raise MemoryError("no room left to build the report")

@@ -21,8 +21,8 @@ from typing import Any
 from gpumagic.cell import Statement, error_text
 from gpumagic.device_kinds import CUDA, HOST
 from gpumagic.memory.trace.device import TracedDevice, cpu_tensors, cuda_device, resolve_device
-from gpumagic.memory.trace.holders import ModelMemory
-from gpumagic.memory.trace.oom import is_oom, memfit_next, post_mortem
+from gpumagic.memory.trace.oom.holders import ModelMemory
+from gpumagic.memory.trace.oom.postmortem import is_oom, memfit_next, post_mortem
 from gpumagic.memory.trace.readers import (
     CudaMemory,
     HostMemory,

@@ -116,7 +116,7 @@ class MemoryTracer:
         statements: Sequence[Statement],
         reader: Reader,
         host: HostMemory,
-        breakdown: Any = None,  # gpumagic.memory.trace.holders.ModelMemory or None
+        breakdown: Any = None,  # gpumagic.memory.trace.oom.holders.ModelMemory or None
         sync: Callable[[], bool] | None = None,
         census: Census | None = None,
     ) -> None:

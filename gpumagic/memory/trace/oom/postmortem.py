@@ -28,7 +28,12 @@ from gpumagic.memory.trace.device import (
     loaded_torch,
     tensor_filter,
 )
-from gpumagic.memory.trace.holders import Holder, frame_tensors, named_tensors, unnamed_tensor_bytes
+from gpumagic.memory.trace.oom.holders import (
+    Holder,
+    frame_tensors,
+    named_tensors,
+    unnamed_tensor_bytes,
+)
 from gpumagic.memory.trace.readers import CudaMemory, HostMemory, Reader, Reading
 from gpumagic.units import fmt_bytes
 
