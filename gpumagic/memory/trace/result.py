@@ -12,7 +12,7 @@ from gpumagic.device_kinds import CUDA
 from gpumagic.memory.census.categories import COLUMNS, NAMES
 from gpumagic.memory.census.ledger import EventLog
 from gpumagic.memory.trace.device import TracedDevice
-from gpumagic.memory.trace.oom.postmortem import OomReport
+from gpumagic.memory.trace.oom.model import OomReport
 from gpumagic.memory.trace.timeline import AtPeak, at_peak_of, timeline_frame
 from gpumagic.render.html import Rendered
 from gpumagic.units import fmt_count, fmt_us

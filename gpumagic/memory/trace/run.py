@@ -21,8 +21,10 @@ from typing import Any
 from gpumagic.cell import Statement, error_text
 from gpumagic.device_kinds import CUDA, HOST
 from gpumagic.memory.trace.device import TracedDevice, cpu_tensors, cuda_device, resolve_device
+from gpumagic.memory.trace.oom.detect import is_oom
 from gpumagic.memory.trace.oom.holders import ModelMemory
-from gpumagic.memory.trace.oom.postmortem import is_oom, memfit_next, post_mortem
+from gpumagic.memory.trace.oom.memfit_line import memfit_next
+from gpumagic.memory.trace.oom.postmortem import post_mortem
 from gpumagic.memory.trace.readers import (
     CudaMemory,
     HostMemory,
@@ -128,7 +130,7 @@ class MemtraceRun:
 
     def finish(self, error: BaseException | None) -> MemTrace:
         """The result. After an out-of-memory error, also its report, and the release of the
-        failed call's frames (see :func:`gpumagic.memory.trace.oom.post_mortem`)."""
+        failed call's frames (see :func:`gpumagic.memory.trace.oom.postmortem.post_mortem`)."""
         assert self._tracer is not None and self._host is not None, "finish() before start()"
         if error is not None and self._census is not None:
             from gpumagic.memory.census.tracker import drop_own_frames
