@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from gpumagic.device_kinds import CUDA
 from gpumagic.memory.census.categories import ACTIVATIONS, NAMES, SHORT
 from gpumagic.memory.trace.oom.model import OomReport
-from gpumagic.memory.trace.result import BREAKDOWN_COLUMNS, CATEGORY_COLUMNS
+from gpumagic.memory.trace.result import CATEGORY_COLUMNS
 from gpumagic.render.html import PALETTE, escape, wrap
 from gpumagic.render.memchart import memory_chart_image
 from gpumagic.render.sections import (
@@ -94,11 +94,6 @@ def _lines_table(t: MemTrace) -> Table:
             for header, key in zip(SHORT, CATEGORY_COLUMNS)
             if lines[key].fillna(0).astype(bool).any()  # a category no row holds is left out
         ]
-    elif t.has_breakdown:
-        columns += [
-            Column(header, key, fmt_bytes)
-            for header, key in zip(("params", "grads", "optimizer", "other"), BREAKDOWN_COLUMNS)
-        ]
     return Table(
         columns,
         rows,
@@ -156,8 +151,6 @@ def memtrace_report(t: MemTrace) -> Report:
     and what was alive at the peak, the caveats on reading them, and the out-of-memory
     post-mortem when a statement ran out."""
     tracking = f"Tracking {t.device.label}: {t.device.why}."
-    if t.has_breakdown:
-        tracking += " Params/grads/optimizer/other: memory after the statement by owner."
     sections: list[Section] = [_summary(t), _lines_table(t)]
     if t.has_categories:
         chart_title = f"{t.device.label}: memory by category over the cell's statements"

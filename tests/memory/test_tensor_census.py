@@ -288,6 +288,31 @@ def test_no_tensors_option_traces_the_rss_as_before(ip, run):
         t.export_memory_viz("x.pickle")
 
 
+def test_no_tensors_walks_no_model_either(ip, run):
+    """``--no-tensors`` is what its help says: the allocator's counters or the host's RSS
+    alone. No categories, and no walk over the namespace's models for an owners' split
+    (params, grads, optimizer, other) in their place: nothing of the user's model is called."""
+    r = run(
+        "%%memtrace -q --no-tensors\n"
+        "calls = []\n"
+        "class Spy(torch.nn.Linear):\n"
+        "    def parameters(self, recurse=True):\n"
+        "        calls.append('parameters')\n"
+        "        return super().parameters(recurse)\n"
+        "net = Spy(64, 64)\n"
+        "calls.clear()\n"
+        "opt = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)\n"
+        "net(torch.ones(2, 64)).sum().backward()\n"
+    )
+    assert r.result.success, r.result.error_in_exec
+    t = ip.user_ns["_memtrace"]
+    assert ip.user_ns["calls"] == []
+    owners = {"params_bytes", "grads_bytes", "optimizer_bytes", "other_bytes"}
+    assert not owners & set(t.lines.columns) and not t.has_categories
+    text = t._repr_mimebundle_()["text/plain"]
+    assert "by owner" not in text and "params" not in text
+
+
 def test_export_for_pytorchs_memory_visualiser(ip, run, tmp_path):
     from torch.cuda import _memory_viz
 

@@ -39,9 +39,6 @@ LINE_COLUMNS = [
     "kind",
     "delta_per_hit_bytes",
 ]
-# Without the tensor census (--no-tensors): who owns what after the statement, from a walk
-# over the namespace's models and optimizers; "other" is the rest of the traced total.
-BREAKDOWN_COLUMNS = ["params_bytes", "grads_bytes", "optimizer_bytes", "other_bytes"]
 # With it: every category (gpumagic.memory.census.categories), adding up to allocated_bytes.
 CATEGORY_COLUMNS = list(COLUMNS)
 # How many statements the table highlights as the heaviest.
@@ -70,7 +67,6 @@ class MemTrace(Rendered):
     host_peak: list[int]
     host_after: list[int]
     time_ns: list[int]
-    parts: list[tuple[int, int, int] | None]
     initial: int
     final: int
     cell_peak: int
@@ -123,7 +119,6 @@ class MemTrace(Rendered):
             host_peak=list(totals.host_peak),
             host_after=list(totals.host_after),
             time_ns=list(totals.time_ns),
-            parts=list(totals.parts),
             initial=totals.initial,
             final=totals.final,
             cell_peak=totals.cell_peak,
@@ -148,11 +143,6 @@ class MemTrace(Rendered):
         )
 
     # -- data ----------------------------------------------------------------------------------
-    @property
-    def has_breakdown(self) -> bool:
-        """The owners' walk of ``--no-tensors`` (params, grads, optimizer, other)."""
-        return not self.has_categories and any(p is not None for p in self.parts)
-
     @property
     def has_categories(self) -> bool:
         """The tensor census ran: every row has its bytes by category."""
@@ -250,20 +240,9 @@ class MemTrace(Rendered):
                 if self.has_categories:
                     cats = self.categories[i]
                     row.update(zip(CATEGORY_COLUMNS, cats or (None,) * len(CATEGORY_COLUMNS)))
-                elif self.has_breakdown:
-                    p = self.parts[i]
-                    if p is None:
-                        row.update(dict.fromkeys(BREAKDOWN_COLUMNS))
-                    else:
-                        other = max(self.after[i] - sum(p), 0)
-                        row.update(zip(BREAKDOWN_COLUMNS, (*p, other)))
                 row["failed"] = i == self.error_index
                 rows.append(row)
-            extra = (
-                CATEGORY_COLUMNS
-                if self.has_categories
-                else BREAKDOWN_COLUMNS if self.has_breakdown else []
-            )
+            extra = CATEGORY_COLUMNS if self.has_categories else []
             columns = LINE_COLUMNS + extra + ["failed"]
             df = pd.DataFrame(rows, columns=columns)
             for c in df.columns:

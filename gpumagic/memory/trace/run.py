@@ -22,7 +22,6 @@ from gpumagic.cell import Statement, error_text
 from gpumagic.device_kinds import CUDA, HOST
 from gpumagic.memory.trace.device import TracedDevice, cpu_tensors, cuda_device, resolve_device
 from gpumagic.memory.trace.oom.detect import is_oom
-from gpumagic.memory.trace.oom.holders import ModelMemory
 from gpumagic.memory.trace.oom.memfit_line import memfit_next
 from gpumagic.memory.trace.oom.postmortem import post_mortem
 from gpumagic.memory.trace.readers import (
@@ -65,7 +64,7 @@ class MemtraceRun:
     cell's code name (:attr:`gpumagic.cell.PreparedCell.filename`), where the release of an
     out-of-memory error's frames starts. ``tensors``: count tensors by category (the
     census); False reads the allocator's counters alone on CUDA and the process's RSS on the
-    host, as before the census existed.
+    host, and nothing of the namespace (``--no-tensors``).
     """
 
     def __init__(
@@ -98,12 +97,9 @@ class MemtraceRun:
         elif self.device.kind == HOST:
             self.device = self.device.measured_by(self._host.why)
         reader = self._reader()
-        breakdown = None
-        if self._census is None and "torch" in sys.modules:
-            breakdown = ModelMemory(self.namespace, self.device.holds())
         waiter = reader.synchronize if self.sync and isinstance(reader, CudaMemory) else None
         self._tracer = MemoryTracer(
-            self.statements, reader, self._host, breakdown, sync=waiter, census=self._census
+            self.statements, reader, self._host, sync=waiter, census=self._census
         )
         return self._tracer
 

@@ -21,7 +21,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from gpumagic.cell import Statement, error_text
 from gpumagic.memory.census.categories import OTHER
@@ -29,10 +29,6 @@ from gpumagic.memory.census.ledger import Settled
 from gpumagic.memory.trace.readers import HostMemory, Reader, Reading
 from gpumagic.tracebacks import hidden_hook
 
-# Breakdown into parameters / gradients / optimizer state costs a walk over the model's
-# tensors (~35 µs for a small CNN); do it on each statement's first run, then at most once
-# per this many nanoseconds, so a training loop pays well under 1% for it.
-_BREAKDOWN_EVERY_NS = 200_000_000
 # The timeline keeps at most this many points: past it, every other point is dropped and
 # only every 2nd (4th, ...) boundary is recorded; peaks in between are folded in.
 _TIMELINE_MAX = 4096
@@ -82,7 +78,6 @@ class TraceTotals:
     host_peak: tuple[int, ...]
     host_after: tuple[int, ...]
     time_ns: tuple[int, ...]
-    parts: tuple[tuple[int, int, int] | None, ...]  # params, grads, optimizer state
     categories: tuple[Categories | None, ...]  # by category after the last hit
     peak_categories: tuple[Categories | None, ...]  # by category at the highest hit's peak
     at_peak: PeakMoment | None
@@ -116,7 +111,6 @@ class MemoryTracer:
         statements: Sequence[Statement],
         reader: Reader,
         host: HostMemory,
-        breakdown: Any = None,  # gpumagic.memory.trace.oom.holders.ModelMemory or None
         sync: Callable[[], bool] | None = None,
         census: Census | None = None,
     ) -> None:
@@ -125,7 +119,6 @@ class MemoryTracer:
         self._reader = reader
         self._host = host
         self._separate_host = reader is not host
-        self._breakdown = breakdown
         # --sync: waits for the device at each boundary (returns False when there was
         # nothing to wait for, CUDA not being initialised yet), so a statement's time
         # includes the GPU work it queued; what the waits took is kept to report its cost.
@@ -143,13 +136,11 @@ class MemoryTracer:
         self.host_peak = [0] * n
         self.host_after = [0] * n
         self.time_ns = [0] * n
-        self.parts: list[tuple[int, int, int] | None] = [None] * n  # params, grads, optimizer
         self._census = census
         self.categories: list[Categories | None] = [None] * n
         self.peak_categories: list[Categories | None] = [None] * n
         self.at_peak: PeakMoment | None = None
         self.approximate: set[int] = set()
-        self._last_breakdown_ns = 0
         self.open = -1  # statement running now, -1 between statements
         # state at the start of the open statement
         self._start_ns = 0
@@ -247,16 +238,6 @@ class MemoryTracer:
         if settled is not None:
             after, at_peak = self._categorise(i, settled, dev)
         self._record(now, dev, i, after, at_peak)
-        if self._breakdown is not None and (
-            self.hits[i] == 1 or now - self._last_breakdown_ns >= _BREAKDOWN_EVERY_NS
-        ):
-            try:
-                self.parts[i] = self._breakdown.measure()
-            except Exception:
-                # it walks the user's objects (a module's parameters()): whatever they
-                # raise must not fail the cell's next statement; the split stops here
-                self._breakdown = None
-            self._last_breakdown_ns = time.perf_counter_ns()
 
     def _categorise(
         self, i: int, settled: Settled, dev: Reading
@@ -339,7 +320,6 @@ class MemoryTracer:
             host_peak=tuple(self.host_peak),
             host_after=tuple(self.host_after),
             time_ns=tuple(self.time_ns),
-            parts=tuple(self.parts),
             categories=tuple(self.categories),
             peak_categories=tuple(self.peak_categories),
             at_peak=self.at_peak,
