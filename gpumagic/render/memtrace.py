@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 from gpumagic.device_kinds import CUDA
 from gpumagic.memory.census.categories import ACTIVATIONS, NAMES, SHORT
+from gpumagic.memory.trace.lines import CATEGORY_COLUMNS
 from gpumagic.memory.trace.oom.model import OomReport
-from gpumagic.memory.trace.result import CATEGORY_COLUMNS
 from gpumagic.render.html import PALETTE, escape, wrap
 from gpumagic.render.memchart import memory_chart_image
 from gpumagic.render.sections import (
