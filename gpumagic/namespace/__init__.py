@@ -27,7 +27,7 @@ the namespace runs none of that. The rules (:mod:`.rules`):
 Two depths of reading. One level, on the census's hot path at every statement boundary: a
 name's value and the items of a small list, tuple or dict (:data:`SMALL`,
 :func:`small_values`, :func:`small_items`), a model's parameters and buffers by name
-(:func:`module_tensors`). And a walk (:mod:`.walk`): breadth first from named roots, each
+(:func:`module_tensors`). And a walk (:mod:`.walker`): breadth first from named roots, each
 object once, each with a path naming how it was reached (``trainer.model.fc.weight``,
 ``opt.state[model.fc.weight]['exp_avg']``, ``Cfg.w``, ``mylib.BUF``), bounded in depth, in
 items per container and in objects overall, and saying when a bound cut it. With
@@ -43,56 +43,31 @@ Nothing here imports torch: tensors exist only once the user has imported it.
 
 from __future__ import annotations
 
-from gpumagic.namespace.rules import (
-    IPYTHON_NAMES,
-    SMALL,
-    attributes,
-    history,
-    instance_dict,
-    is_a,
-    is_user_name,
-    key_text,
-    module_tensors,
-    own_tensors,
-    small_items,
-    small_values,
-    submodules,
-    type_name,
-    user_items,
-)
-from gpumagic.namespace.walk import (
-    DEEP,
-    DEPTH,
-    ITEMS,
-    OBJECTS,
-    Reached,
-    Walk,
-    reachable_tensors,
-    walk,
-)
+from gpumagic.namespace import rules as _rules
+from gpumagic.namespace import walker as _walker
+from gpumagic.namespace.rules import IPYTHON_NAMES as IPYTHON_NAMES
+from gpumagic.namespace.rules import SMALL as SMALL
+from gpumagic.namespace.rules import attributes as attributes
+from gpumagic.namespace.rules import history as history
+from gpumagic.namespace.rules import instance_dict as instance_dict
+from gpumagic.namespace.rules import is_a as is_a
+from gpumagic.namespace.rules import is_user_name as is_user_name
+from gpumagic.namespace.rules import key_text as key_text
+from gpumagic.namespace.rules import module_tensors as module_tensors
+from gpumagic.namespace.rules import own_tensors as own_tensors
+from gpumagic.namespace.rules import small_items as small_items
+from gpumagic.namespace.rules import small_values as small_values
+from gpumagic.namespace.rules import submodules as submodules
+from gpumagic.namespace.rules import type_name as type_name
+from gpumagic.namespace.rules import user_items as user_items
+from gpumagic.namespace.walker import DEEP as DEEP
+from gpumagic.namespace.walker import DEPTH as DEPTH
+from gpumagic.namespace.walker import ITEMS as ITEMS
+from gpumagic.namespace.walker import OBJECTS as OBJECTS
+from gpumagic.namespace.walker import Reached as Reached
+from gpumagic.namespace.walker import Walk as Walk
+from gpumagic.namespace.walker import reachable_tensors as reachable_tensors
+from gpumagic.namespace.walker import walk as walk
 
-__all__ = [
-    "DEEP",
-    "DEPTH",
-    "IPYTHON_NAMES",
-    "ITEMS",
-    "OBJECTS",
-    "SMALL",
-    "Reached",
-    "Walk",
-    "attributes",
-    "history",
-    "instance_dict",
-    "is_a",
-    "is_user_name",
-    "key_text",
-    "module_tensors",
-    "own_tensors",
-    "reachable_tensors",
-    "small_items",
-    "small_values",
-    "submodules",
-    "type_name",
-    "user_items",
-    "walk",
-]
+# what the two modules offer, and nothing else
+__all__ = [*_rules.__all__, *_walker.__all__]

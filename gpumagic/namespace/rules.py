@@ -17,7 +17,6 @@ __all__ = [
     "is_a",
     "is_user_name",
     "key_text",
-    "loaded_torch",
     "module_tensors",
     "own_tensors",
     "small_items",

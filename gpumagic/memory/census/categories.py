@@ -71,15 +71,7 @@ KEYS: Final = (
     "inputs",
     "other",
 )
-NAMES: Final = (
-    "parameters",
-    "gradients",
-    "optimizer state",
-    "activations",
-    "temporaries",
-    "inputs",
-    "other",
-)
+NAMES: Final = tuple(key.replace("_", " ") for key in KEYS)
 # Column headers of the per-statement table.
 SHORT: Final = ("params", "grads", "optimizer", "activations", "temporaries", "inputs", "other")
 # ``MemTrace.lines`` columns, one per category (issue 16 names them).

@@ -5,7 +5,7 @@ batches), named as the namespace reaches them (``trainer.model``).
 The census (:mod:`gpumagic.memory.census.reach`) looks at the namespace's names and one level
 into small lists, tuples and dicts, which is what ``%%memtrace`` can afford at every
 statement. A dry run is given only what the cell reads, once, so it walks a few levels down
-(:func:`gpumagic.namespace.walk`: containers, objects' attributes, a bound method's object,
+(:func:`gpumagic.namespace.walker.walk`: containers, objects' attributes, a bound method's object,
 by the namespace's rules) and hands the census what it found: the models and optimizers to
 count as if named, and the other tensors the cell was given.
 """

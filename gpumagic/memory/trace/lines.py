@@ -23,25 +23,6 @@ if TYPE_CHECKING:
 
 __all__ = ["CATEGORY_COLUMNS", "LINE_COLUMNS", "MEASURED", "lines_frame"]
 
-LINE_COLUMNS = [
-    "line",
-    "source",
-    "hits",
-    "delta_bytes",
-    "peak_bytes",
-    "allocated_bytes",
-    "reserved_bytes",
-    "host_delta_bytes",
-    "host_peak_bytes",
-    "host_bytes",
-    "time_us",
-    "depth",
-    "kind",
-    "delta_per_hit_bytes",
-]
-# With the census: every category (gpumagic.memory.census.categories), adding up to
-# allocated_bytes.
-CATEGORY_COLUMNS = list(COLUMNS)
 # What :func:`lines_frame` is given per statement, each a list indexed like the statements.
 MEASURED = (
     "hits",
@@ -52,20 +33,25 @@ MEASURED = (
     "host_delta_bytes",
     "host_peak_bytes",
     "host_bytes",
-    "time_ns",
 )
+LINE_COLUMNS = ["line", "source", *MEASURED, "time_us", "depth", "kind", "delta_per_hit_bytes"]
+# With the census: every category (gpumagic.memory.census.categories), adding up to
+# allocated_bytes.
+CATEGORY_COLUMNS = list(COLUMNS)
 
 
 def lines_frame(
     statements: Sequence[Statement],
     measured: Mapping[str, Sequence[int]],
+    time_ns: Sequence[int],
     categories: Sequence[Categories | None],
     error_index: int,
 ) -> pd.DataFrame:
     """The rows of the statements that ran (``hits`` above 0). ``measured``: each of
-    :data:`MEASURED` per statement; ``categories``: bytes by category after each statement
-    (None where the census did not settle it, all None without the census);
-    ``error_index``: the statement that raised (-1: none), its row ``failed``."""
+    :data:`MEASURED` per statement; ``time_ns``: each statement's time, all its hits;
+    ``categories``: bytes by category after each statement (None where the census did not
+    settle it, all None without the census); ``error_index``: the statement that raised
+    (-1: none), its row ``failed``."""
     import pandas as pd
 
     census = any(c is not None for c in categories)
@@ -75,8 +61,8 @@ def lines_frame(
     for s in ran:
         i = s.index
         row: dict[str, Any] = {"line": s.line, "source": s.source}
-        row.update((name, values[i]) for name, values in measured.items() if name != "time_ns")
-        row["time_us"] = measured["time_ns"][i] / 1000.0
+        row.update((name, values[i]) for name, values in measured.items())
+        row["time_us"] = time_ns[i] / 1000.0
         row["depth"] = s.depth
         row["kind"] = s.kind
         row["delta_per_hit_bytes"] = round(measured["delta_bytes"][i] / hits[i])

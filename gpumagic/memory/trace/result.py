@@ -210,10 +210,13 @@ class MemTrace(Rendered):
                 self.host_delta,
                 self.host_peak,
                 self.host_after,
-                self.time_ns,
             )
             self._lines = lines_frame(
-                self.statements, dict(zip(MEASURED, measured)), self.categories, self.error_index
+                self.statements,
+                dict(zip(MEASURED, measured)),
+                self.time_ns,
+                self.categories,
+                self.error_index,
             )
         return self._lines
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from gpumagic.tracebacks import exception_chain
+
 __all__ = ["release_frames"]
 
 
@@ -14,10 +16,7 @@ def release_frames(error: BaseException, cell_filename: str) -> None:
     frames keep what the traceback display needs), and only for OOM errors: for other
     errors the locals stay for ``%debug``.
     """
-    seen: set[int] = set()
-    exc: BaseException | None = error
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
+    for exc in exception_chain(error):
         tb = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename != cell_filename:
             tb = tb.tb_next
@@ -33,4 +32,3 @@ def release_frames(error: BaseException, cell_filename: str) -> None:
                 # now empty locals, which drops its references.
                 _ = frame.f_locals
             tb = tb.tb_next
-        exc = exc.__context__
