@@ -83,7 +83,12 @@ from gpumagic.memory.census.reach import (
 )
 from gpumagic.namespace import module_tensors, small_values, submodules
 
-__all__ = ["TensorTracker", "drop_own_frames", "on_cpu"]
+__all__ = ["CUDA_ROUNDING", "TensorTracker", "drop_own_frames", "on_cpu"]
+
+# The CUDA caching allocator hands out multiples of 512 bytes (kMinBlockSize in
+# c10/cuda/CUDACachingAllocator.cpp): the census rounds each storage as it does when it
+# counts CUDA's memory (``rounding``), for %%memtrace on a GPU and for a dry run alike.
+CUDA_ROUNDING = 512
 
 # The walk over models and optimizers (parameters, gradients, state) on every statement that
 # leaves new tensors behind, except that a statement run again (a loop) does it at most this

@@ -37,7 +37,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from gpumagic.cell import PreparedCell, execute
-from gpumagic.memory.census.tracker import on_cpu
+from gpumagic.memory.census.tracker import CUDA_ROUNDING, on_cpu
 from gpumagic.memory.fit.accounting import Accounting, AccountingScope, CensusProbe, account
 from gpumagic.memory.fit.answers import Answers, NeedsValues, ValueAnswers, ValueFunctions
 from gpumagic.memory.fit.devices import (
@@ -55,7 +55,6 @@ from gpumagic.memory.fit.shadow import (
     referenced_names,
 )
 
-CUDA_ROUNDING = 512  # bytes: c10/cuda/CUDACachingAllocator.cpp kMinBlockSize, every block a multiple
 DEFAULT_TIMEOUT_S = 120.0
 
 

@@ -34,10 +34,6 @@ from gpumagic.memory.trace.readers import (
 from gpumagic.memory.trace.result import MemTrace
 from gpumagic.memory.trace.tracer import MemoryTracer, Timeline, TraceTotals
 
-# The CUDA caching allocator hands out multiples of 512 bytes (kMinBlockSize in
-# c10/cuda/CUDACachingAllocator.cpp): the census rounds each storage as it does.
-CUDA_ROUNDING = 512
-
 __all__ = ["MemtraceRun", "MemtraceStatus"]
 
 
@@ -104,7 +100,7 @@ class MemtraceRun:
         return self._tracer
 
     def _start_census(self) -> None:
-        from gpumagic.memory.census.tracker import TensorTracker, on_cpu
+        from gpumagic.memory.census.tracker import CUDA_ROUNDING, TensorTracker, on_cpu
 
         if self.device.kind == CUDA:
             census = TensorTracker(self.namespace, self.device.holds(), rounding=CUDA_ROUNDING)
