@@ -253,3 +253,11 @@ def test_fake_tensors_are_not_real_ones():
     real = torch.ones(1)
     tensors, _ = reachable_tensors([("fake", fake), ("real", real)])
     assert [p for p, _ in tensors] == ["real"]
+
+
+def test_what_is_excluded_is_never_reached_however_it_is_given():
+    kept = torch.ones(2)
+    held = {"kept": kept, "other": torch.ones(3)}
+    for exclude in ([kept], (t for t in [kept])):
+        paths = {p for p, _ in reachable_tensors([("held", held)], exclude=exclude)[0]}
+        assert paths == {"held['other']"}

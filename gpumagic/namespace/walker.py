@@ -158,8 +158,8 @@ class _Walker:
         self.objects = objects
         self.stop = stop
         self.code = through_code
-        self.excluded = {id(x) for x in exclude}
         self.keep_alive = list(exclude)  # ids stay unique while the walk runs
+        self.excluded = {id(x) for x in self.keep_alive}
         # per object reached: its parent's index (-1: a root or a name of its own), the
         # step from there (text, or a _Key), the object, its depth
         self.parents: list[int] = []
@@ -236,7 +236,6 @@ class _Walker:
         return itertools.islice(iterable, self.items)
 
     # -- what is inside an object -----------------------------------------------------------
-    # Kept whole: one dispatch on the object's kind, read once per object.
     def _inside(self, i: int, value: Any, kind: type) -> Iterator[tuple[Step, Any]]:
         if issubclass(kind, ATOMS):
             return
@@ -420,7 +419,6 @@ def _users_class(cls: type) -> bool:
     return _users_module(_class_module(cls))
 
 
-@functools.lru_cache(maxsize=4096)
 def _users_module(name: str) -> bool:
     """Whether the module ``name`` is the user's code: the notebook (``__main__``), or a file
     outside the Python installation and outside gpumagic. A library's globals are its own
@@ -432,14 +430,22 @@ def _users_module(name: str) -> bool:
     module = sys.modules.get(name)
     if module is None:
         return False
+    known = _modules_seen.get(name)
+    if known is not None and known[0] is module:  # the same module object: the same answer
+        return known[1]
     try:
         path = _MODULE_DICT.__get__(module).get("__file__")
     except Exception:
-        return False
-    if type(path) is not str:
-        return False  # built into the interpreter, or a namespace package
-    here = os.path.realpath(path)
-    return not any(here.startswith(root) for root in _installation())
+        path = None
+    users = type(path) is str and not os.path.realpath(path).startswith(_installation())
+    if len(_modules_seen) > 4096:
+        _modules_seen.clear()
+    _modules_seen[name] = (module, users)
+    return users
+
+
+# module name -> (the module object asked about, whether it is the user's code)
+_modules_seen: dict[str, tuple[Any, bool]] = {}
 
 
 @functools.lru_cache(maxsize=1)
