@@ -5,10 +5,9 @@ counts the fake tensors is the tensor census (:mod:`gpumagic.memory.census`), th
 
 * :mod:`.accounting` - a cell run under the census, its peak by category and module
   (:class:`~.accounting.Accounting`); :mod:`.deeper` what the namespace holds deeper than
-  the census looks; :mod:`.measure` the same census on real tensors, the measured exact peak
-  a prediction is checked against;
+  the census looks;
 * :mod:`.shadow`, :mod:`.devices`, :mod:`.answers`, :mod:`.dry_run` - one dry run, safely;
-  :mod:`.notes` what it approximated; :mod:`.source` a script's source prepared as a cell;
+  :mod:`.notes` what it approximated;
 * :mod:`.gpus`, :mod:`.headroom`, :mod:`.allocator` - the card and what it needs beyond the
   tensors;
 * :mod:`.batch`, :mod:`.what_if` - the largest batch, and each fix as a changed dry run;
