@@ -293,12 +293,12 @@ def test_oom_frames_are_reported_then_released(ip, run):
 
 
 def test_a_report_that_runs_out_of_memory_itself_still_releases_and_raises_once(ip, run, monkeypatch):
-    import gpumagic.memory.trace.oom.postmortem as oom
+    from gpumagic.memory.trace.oom import postmortem
 
     def exhausted(*args, **kwargs):
         raise MemoryError("no room left to build the report")
 
-    monkeypatch.setattr(oom, "named_tensors", exhausted)
+    monkeypatch.setattr(postmortem, "named_tensors", exhausted)
     r = run(
         "%%memtrace\n"
         "import weakref\n"
