@@ -15,7 +15,7 @@ from gpumagic._version import __version__
 
 # public name -> (module, attribute); resolved on first use so `import gpumagic` stays fast
 _LAZY = {
-    "MemTrace": ("gpumagic.memory.report", "MemTrace"),
+    "MemTrace": ("gpumagic.memory.trace.result", "MemTrace"),
     "MemFit": ("gpumagic.memory.fit.result", "MemFit"),
     "memfit": ("gpumagic.memory.fit.api", "memfit"),
     "load_trace": ("gpumagic.profile.load", "load_trace"),

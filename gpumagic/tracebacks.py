@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import CodeType, TracebackType
 from typing import Any, TypeVar
 
-__all__ = ["as_the_cells", "hidden_hook"]
+__all__ = ["as_the_cells", "exception_chain", "hidden_hook"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -89,3 +89,14 @@ def _all_ours(tb: TracebackType | None) -> bool:
             return False
         tb = tb.tb_next
     return True
+
+
+def exception_chain(error: BaseException) -> Iterator[BaseException]:
+    """``error``, then the exception it was raised while handling (``__context__``), and so
+    on, each once: a chain that loops back on itself ends there."""
+    seen: set[int] = set()
+    exc: BaseException | None = error
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__context__

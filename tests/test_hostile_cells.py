@@ -347,6 +347,48 @@ def test_an_object_whose_class_raises_breaks_no_magic(ip, run, magic):
         )
 
 
+def test_an_object_whose_class_raises_leaves_gpuprofile_its_session_facts(ip, run):
+    """The session facts (loaders, optimizers, DDP) are read by the namespace's rules: a
+    proxy whose ``__class__`` raises is told by its type, not asked, so the rest is read."""
+    assert run(LAZY_PROXY).result.success
+    r = run(
+        "%%gpuprofile -q\n"
+        "lin = torch.nn.Linear(4, 4)\n"
+        "opt = torch.optim.SGD(lin.parameters(), lr=0.1)\n"
+        "lin(torch.ones(2, 4)).sum().backward()\n"
+    )
+    assert r.result.success, r.stdout[-3000:]
+    live = ip.user_ns["_gpuprofile"].live
+    assert live is not None and [o.name for o in live.optimizers] == ["opt"]
+
+
+LYING_PROXY = """
+asked = []
+class Claims:
+    '''A proxy that says it is a tensor, and records each question put to it.'''
+    @property
+    def __class__(self):
+        return torch.Tensor
+    def __getattr__(self, name):
+        asked.append(name)
+        raise AttributeError(name)
+claims = Claims()
+"""
+
+
+def test_an_object_that_claims_to_be_a_tensor_is_asked_nothing_by_the_oom_report(ip, run):
+    """The out-of-memory report names who holds memory (the namespace's tensors, and every
+    tensor of the heap no name reaches): each object is told by its ``type()``, so a proxy
+    that says it is a tensor is neither counted nor asked for its device or storage."""
+    assert run(LYING_PROXY).result.success
+    r = run("%%memtrace -q\nkeep = torch.ones(2**10)\nhuge = torch.empty(2**45, dtype=torch.uint8)\n")
+    assert isinstance(r.result.error_in_exec, RuntimeError)
+    oom = ip.user_ns["_memtrace"].oom
+    assert oom is not None and "keep" in {h.name for h in oom.holders}
+    assert "claims" not in {h.name for h in oom.holders}
+    assert ip.user_ns["asked"] == []
+
+
 def test_a_model_whose_parameters_raise_stops_only_the_model_split(ip, run):
     r = run(
         "%%memtrace -q\n"

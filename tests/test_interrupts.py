@@ -207,21 +207,21 @@ def test_gpuprofile_nested_is_refused_before_anything_is_made(ip, run, clean):
 
 
 def _tracer():
-    from gpumagic.memory import tracer
+    from gpumagic.memory.trace import tracer
 
     return tracer
 
 
-def _oom():
-    from gpumagic.memory import oom
+def _postmortem():
+    from gpumagic.memory.trace.oom import postmortem
 
-    return oom
+    return postmortem
 
 
-def _report():
-    from gpumagic.memory import report
+def _result():
+    from gpumagic.memory.trace import result
 
-    return report
+    return result
 
 
 def _live():
@@ -230,10 +230,10 @@ def _live():
     return live
 
 
-def _probes():
-    from gpumagic.memory import probes
+def _readers():
+    from gpumagic.memory.trace import readers
 
-    return probes
+    return readers
 
 
 def _clear_refs(fd, data, *a):
@@ -247,10 +247,10 @@ MEMTRACE_STAGES = [
     ("the tracer starts", lambda: _tracer().MemoryTracer, "__init__", True, None),
     ("the live view starts", lambda: _live().LiveView, "start", True, None),
     ("the first statement starts", lambda: _tracer().MemoryTracer, "enter", False, None),
-    ("the last statement closes", lambda: _tracer().MemoryTracer, "finish", False, None),
-    ("the result is built", lambda: _report().MemTrace, "from_totals", False, None),
+    ("the last statement closes", lambda: _tracer().MemoryTracer, "stop", False, None),
+    ("the result is built", lambda: _result().MemTrace, "from_totals", False, None),
     ("the live view stops", lambda: _live().LiveView, "stop", True, None),
-    ("the readers close", lambda: _probes().HostMemory, "close", True, None),
+    ("the readers close", lambda: _readers().HostMemory, "close", True, None),
 ]
 
 
@@ -293,7 +293,7 @@ def test_memtrace_sampled_host_reader_interrupted_leaks_no_thread(ip, run, clean
 def test_memtrace_interrupted_in_the_oom_post_mortem_raises_the_cells_error(
     ip, run, clean, monkeypatch
 ):
-    fired = interrupt(monkeypatch, _oom(), "named_tensors", after=False)
+    fired = interrupt(monkeypatch, _postmortem(), "named_tensors", after=False)
     r = run("%%memtrace\nx = 1\nraise MemoryError('no room')\n")
     assert fired
     err = r.result.error_in_exec

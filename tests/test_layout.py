@@ -87,3 +87,28 @@ def test_contributing_names_every_package_and_only_modules_that_exist() -> None:
     existing = {p.name for p in PACKAGE.rglob("*.py")}
     assert named - existing == set()
     assert len(named) > 30  # the map was read
+
+
+def _room(block: str, room: str) -> str:
+    """The lines of the map under ``  room/``, up to the next entry of the package's top."""
+    import re
+
+    start = block.index(f"\n  {room}/")
+    following = re.search(r"\n  [^ ]", block[start + 1 :])
+    return block[start : start + 1 + following.start()] if following else block[start:]
+
+
+def test_contributing_names_every_module_of_memory_and_namespace() -> None:
+    """The map of ``memory/`` (the engine both memory magics run on, and the two magics) and
+    of ``namespace/`` names every module and subpackage they hold: a room shows its engine
+    only if its map does (issue 28)."""
+    block = _tree_block()
+    for room in ("memory", "namespace"):
+        text = _room(block, room)
+        unnamed = [
+            str(p.relative_to(PACKAGE))
+            for p in sorted((PACKAGE / room).rglob("*"))
+            if (p.suffix == ".py" and p.name != "__init__.py" and p.name not in text)
+            or (p.is_dir() and p.name != "__pycache__" and f"{p.name}/" not in text)
+        ]
+        assert unnamed == [], room

@@ -188,7 +188,7 @@ def test_gpuselect_takes_n_as_its_first_word(run, monkeypatch) -> None:
 def test_memtrace_o_returns_the_trace_as_the_cells_value(ip, run) -> None:
     from cell_outputs import run_showing
 
-    from gpumagic.memory.report import MemTrace
+    from gpumagic.memory.trace.result import MemTrace
 
     out = run_showing(ip, run, "%%memtrace -o\nblock = [0] * 10_000\nlen(block)\n")
     assert out.result.success, out.result.error_in_exec
@@ -198,7 +198,7 @@ def test_memtrace_o_returns_the_trace_as_the_cells_value(ip, run) -> None:
 
 
 def test_memtrace_line_o_returns_the_trace_and_runs_the_statement(ip, run) -> None:
-    from gpumagic.memory.report import MemTrace
+    from gpumagic.memory.trace.result import MemTrace
 
     r = run("t = %memtrace -o y = sum(range(10))")
     assert r.result.success, r.result.error_in_exec

@@ -63,8 +63,8 @@ class MemtraceMagics(Magics):
         """
         __tracebackhide__ = True
         from gpumagic.cell import ShellCompiler, prepare, run_measured
-        from gpumagic.memory.device import DeviceError
-        from gpumagic.memory.run import MemtraceRun
+        from gpumagic.memory.trace.device import DeviceError
+        from gpumagic.memory.trace.run import MemtraceRun
         from gpumagic.render.live import LiveResult, LiveView
         from gpumagic.render.memtrace import memtrace_live_html
 

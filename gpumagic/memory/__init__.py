@@ -1,20 +1,16 @@
-"""``%%memtrace`` core, no IPython here (the glue is gpumagic.magics.memtrace):
+"""Memory: the engine both memory magics run on, and the two magics' cores beside each other.
+No IPython here (the glue is gpumagic.magics.memtrace and gpumagic.magics.memfit).
 
-* :mod:`.device` - the traced device: what it is, how ``--device`` resolves, which tensors
-  are on it;
-* :mod:`.probes` - reading memory at statement boundaries (CUDA allocator, host RSS);
-* :mod:`.categories` - where tensor memory goes: parameters, gradients, optimizer state,
-  activations, temporaries, inputs, other;
-* :mod:`.tensors` - the tensor census: every storage on the traced device by category
-  (:mod:`.dispatch` its dispatch mode, :mod:`.reach` what the namespace reaches,
-  :mod:`.ledger` the running account, replayed to each statement's peak); the same code
-  runs on ``FakeTensorMode`` tensors;
-* :mod:`.tracer` - the per-statement accounting, handing out :class:`~.tracer.TraceTotals`;
-* :mod:`.holders` - who holds memory, by the names the namespace gives;
-* :mod:`.oom` - the out-of-memory post-mortem and its report;
-* :mod:`.report` - the result (:class:`~.report.MemTrace`); :mod:`.timeline` its memory over
-  time and at the peak; :mod:`.viz` the export for PyTorch's memory visualiser;
-* :mod:`.run` - one traced cell through :func:`gpumagic.cell.run_measured`;
-* :mod:`.fit` - ``%%memfit``: a dry run on fake tensors that predicts the CUDA peak, the
-  largest batch and what each fix would save.
+* :mod:`.census` - the tensor census: every storage an op makes on one device, from its
+  allocation to its free, by category (parameters, gradients, optimizer state, activations,
+  temporaries, inputs, other) and by module; the same code on real tensors and on
+  ``FakeTensorMode``'s;
+* :mod:`.trace` - ``%%memtrace``: a cell run for real, memory accounted to each statement
+  through the census and the device's readers, and the out-of-memory post-mortem;
+* :mod:`.fit` - ``%%memfit``: a dry run on fake tensors, counted by the census, that predicts
+  the CUDA peak, the largest batch and what each fix would save.
+
+``trace`` and ``fit`` both use the census and neither uses the other, with one exception,
+named in the import contract of ``pyproject.toml``: the out-of-memory report ends with the
+``%%memfit`` line that answers "what would fit" (:mod:`.fit.suggest`).
 """

@@ -13,14 +13,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from gpumagic.memory.categories import CATEGORIES
+from gpumagic.memory.census.categories import NAMES
 from gpumagic.render.html import escape
 from gpumagic.render.svg import svg_image, svg_open
 from gpumagic.units import fmt_bytes
 
 if TYPE_CHECKING:
     from gpumagic.cell import Statement
-    from gpumagic.memory.tracer import Point
+    from gpumagic.memory.trace.tracer import Point
 
 __all__ = ["CATEGORY_COLORS", "memory_chart", "memory_chart_image"]
 
@@ -43,7 +43,7 @@ _LABELS_MAX = 40
 def _stack(cats: Sequence[int] | None) -> list[float]:
     """Cumulative tops of the categories, bottom to top."""
     tops, total = [], 0.0
-    for c in range(len(CATEGORIES)):
+    for c in range(len(NAMES)):
         total += max(cats[c], 0) if cats is not None else 0
         tops.append(total)
     return tops
@@ -82,7 +82,7 @@ def memory_chart(
     ]
     if title:
         out.append(f'<text x="{pad_l}" y="11" font-size="10" class="fg">{escape(title)}</text>')
-    for c in range(len(CATEGORIES)):
+    for c in range(len(NAMES)):
         if all(col[1][c] == (col[1][c - 1] if c else 0) for col in columns):
             continue  # nothing in this category anywhere
         top = " ".join(f"{px(x):.1f},{py(tops[c]):.1f}" for x, tops, _ in columns)
@@ -91,7 +91,7 @@ def memory_chart(
         )
         out.append(
             f'<polygon points="{top} {bottom}" fill="{CATEGORY_COLORS[c]}" fill-opacity="0.8" '
-            f'stroke="none"><title>{escape(CATEGORIES[c])}</title></polygon>'
+            f'stroke="none"><title>{escape(NAMES[c])}</title></polygon>'
         )
     out += _rules(points, statements, n, px, pad_t, ph)
     out += _frame_and_axis(pad_l, pad_t, pw, ph, y_max)
@@ -168,7 +168,7 @@ def _peak_marker(
 def _legend(columns: list[tuple[float, list[float], int]], x0: int, y: int) -> str:
     parts: list[str] = []
     x = float(x0)
-    for c, name in enumerate(CATEGORIES):
+    for c, name in enumerate(NAMES):
         if all(col[1][c] == (col[1][c - 1] if c else 0) for col in columns):
             continue
         parts.append(

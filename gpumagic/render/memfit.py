@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpumagic.memory.fit.accounting import CATEGORIES
+from gpumagic.memory.census.categories import NAME_OF_KEY
+from gpumagic.memory.fit.accounting import FIT_KEYS
 from gpumagic.render.html import PALETTE
 from gpumagic.render.sections import Heading, KeyValues, Paragraph, Report, Section
 from gpumagic.render.table import Bar, Column, Table
@@ -14,14 +15,6 @@ from gpumagic.units import fmt_bytes, fmt_count
 if TYPE_CHECKING:
     from gpumagic.memory.fit.result import MemFit, WhatIf
 
-CATEGORY_NAMES = {
-    "parameters": "parameters",
-    "gradients": "gradients",
-    "optimizer_state": "optimizer state",
-    "activations": "activations",
-    "temporaries": "temporaries",
-    "inputs": "inputs",
-}
 _VERDICT = {True: "fits", False: "does not fit", None: "within the headroom's uncertainty"}
 _MODULE_ROWS = 12
 
@@ -51,7 +44,7 @@ def _summary(fit: MemFit) -> KeyValues:
 
 def _categories(fit: MemFit) -> Table:
     scale = max([*fit.categories.values(), 1])
-    rows = [(CATEGORY_NAMES[c], fit.categories.get(c, 0)) for c in CATEGORIES]
+    rows = [(NAME_OF_KEY[c], fit.categories.get(c, 0)) for c in FIT_KEYS]
     return Table(
         [
             Column("at the peak", 0, align="left"),
@@ -68,7 +61,7 @@ def _modules(fit: MemFit) -> Table:
     return Table(
         [
             Column("module", lambda r: r[0] or "(no module)", align="code"),
-            Column("category", lambda r: CATEGORY_NAMES.get(r[1], r[1]), align="left"),
+            Column("category", lambda r: NAME_OF_KEY.get(r[1], r[1]), align="left"),
             Column("bytes", 2, fmt_bytes, bar=Bar(scale, PALETTE["peak"])),
         ],
         rows,
@@ -144,8 +137,8 @@ def _what_ifs(fit: MemFit) -> list[Section]:
         if w.peak_bytes is None:
             return ""
         parts = [
-            f"{CATEGORY_NAMES[c]} {fmt_bytes(w.categories.get(c, 0) - fit.categories.get(c, 0), signed=True)}"
-            for c in CATEGORIES
+            f"{NAME_OF_KEY[c]} {fmt_bytes(w.categories.get(c, 0) - fit.categories.get(c, 0), signed=True)}"
+            for c in FIT_KEYS
             if fit.categories.get(c, 0) != w.categories.get(c, 0)
         ]
         return ", ".join(parts) or "no change at the peak"

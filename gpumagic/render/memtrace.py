@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gpumagic.device_kinds import CUDA
-from gpumagic.memory.categories import ACTIVATIONS, CATEGORIES, SHORT
-from gpumagic.memory.oom import OomReport
-from gpumagic.memory.report import BREAKDOWN_COLUMNS, CATEGORY_COLUMNS
+from gpumagic.memory.census.categories import ACTIVATIONS, NAMES, SHORT
+from gpumagic.memory.trace.lines import CATEGORY_COLUMNS
+from gpumagic.memory.trace.oom.model import OomReport
 from gpumagic.render.html import PALETTE, escape, wrap
 from gpumagic.render.memchart import memory_chart_image
 from gpumagic.render.sections import (
@@ -25,9 +25,9 @@ from gpumagic.render.table import Bar, Column, Table
 from gpumagic.units import fmt_bytes, fmt_count, fmt_us
 
 if TYPE_CHECKING:
-    from gpumagic.memory.report import MemTrace
-    from gpumagic.memory.run import MemtraceStatus
-    from gpumagic.memory.timeline import AtPeak
+    from gpumagic.memory.trace.result import MemTrace
+    from gpumagic.memory.trace.run import MemtraceStatus
+    from gpumagic.memory.trace.timeline import AtPeak
 
 
 GROWTH, RELEASE, PEAK = PALETTE["alloc"], PALETTE["free"], PALETTE["peak"]
@@ -94,11 +94,6 @@ def _lines_table(t: MemTrace) -> Table:
             for header, key in zip(SHORT, CATEGORY_COLUMNS)
             if lines[key].fillna(0).astype(bool).any()  # a category no row holds is left out
         ]
-    elif t.has_breakdown:
-        columns += [
-            Column(header, key, fmt_bytes)
-            for header, key in zip(("params", "grads", "optimizer", "other"), BREAKDOWN_COLUMNS)
-        ]
     return Table(
         columns,
         rows,
@@ -156,8 +151,6 @@ def memtrace_report(t: MemTrace) -> Report:
     and what was alive at the peak, the caveats on reading them, and the out-of-memory
     post-mortem when a statement ran out."""
     tracking = f"Tracking {t.device.label}: {t.device.why}."
-    if t.has_breakdown:
-        tracking += " Params/grads/optimizer/other: memory after the statement by owner."
     sections: list[Section] = [_summary(t), _lines_table(t)]
     if t.has_categories:
         chart_title = f"{t.device.label}: memory by category over the cell's statements"
@@ -250,7 +243,7 @@ def oom_section(report: OomReport) -> Box:
 
 def _at_failure(report: OomReport) -> str:
     assert report.categories is not None
-    text = "Tensors at the failure: " + _categories_text(dict(zip(CATEGORIES, report.categories)))
+    text = "Tensors at the failure: " + _categories_text(dict(zip(NAMES, report.categories)))
     act = report.categories[ACTIVATIONS]
     if act and report.activations:
         mods = ", ".join(f"{name} {fmt_bytes(n)}" for name, n in report.activations[:6])
@@ -269,7 +262,7 @@ def oom_html(report: OomReport) -> str:
 def memtrace_live_html(status: MemtraceStatus) -> str:
     """The live view while a cell runs: the statement running now, its hits, memory so far.
 
-    Drawn from the run's status (:meth:`gpumagic.memory.run.MemtraceRun.status`), which the
+    Drawn from the run's status (:meth:`gpumagic.memory.trace.run.MemtraceRun.status`), which the
     probes already recorded: no device query from this thread.
     """
     s, hits, timeline = status.statement, status.hits, status.timeline

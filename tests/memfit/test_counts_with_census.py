@@ -12,8 +12,7 @@ torch = pytest.importorskip("torch")
 from memfit_models import namespace, train_cell  # noqa: E402
 from real_run import measure, prepare_source  # noqa: E402
 
-from gpumagic.memory.categories import CATEGORIES as CENSUS  # noqa: E402
-from gpumagic.memory.fit.accounting import CATEGORIES  # noqa: E402
+from gpumagic.memory.census.categories import KEYS, NAMES  # noqa: E402
 from gpumagic.memory.fit.dry_run import ALL, dry_run  # noqa: E402
 
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU path")
@@ -41,7 +40,7 @@ def test_the_measured_peak_is_what_memtrace_reports(ip, run, family):
     peak = trace.at_peak
     assert peak is not None
     assert peak.source == prepare_source(cell).statements[measured.peak_statement].source
-    for key, name in zip(CATEGORIES, CENSUS):
+    for key, name in zip(KEYS, NAMES):
         if key in ("parameters", "gradients", "optimizer_state", "activations"):
             assert measured.categories[key] == peak.categories[name], key
 

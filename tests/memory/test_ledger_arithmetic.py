@@ -1,11 +1,11 @@
-"""The ledger's arithmetic (gpumagic.memory.ledger), without torch: categories settled when
+"""The ledger's arithmetic (gpumagic.memory.census.ledger), without torch: categories settled when
 a statement ends, replayed to its peak, and folded when a statement logs too much."""
 
 from __future__ import annotations
 
-import gpumagic.memory.ledger as ledger_module
-from gpumagic.memory.categories import ACTIVATIONS, INPUTS, PARAMETERS, TEMPORARIES
-from gpumagic.memory.ledger import BACKWARD, FORWARD, PENDING, Ledger, Record
+import gpumagic.memory.census.ledger as ledger_module
+from gpumagic.memory.census.categories import ACTIVATIONS, INPUTS, PARAMETERS, TEMPORARIES
+from gpumagic.memory.census.ledger import BACKWARD, FORWARD, PENDING, Ledger, Record
 
 
 def make(ledger: Ledger, key: int, n: int, born: int = FORWARD, module: int = 0) -> Record:

@@ -215,7 +215,7 @@ def _rounded(n: int) -> int:
 
 
 def test_cuda_categories_match_the_cpu_within_the_allocators_rounding(ip, run):
-    from gpumagic.memory.categories import COLUMNS
+    from gpumagic.memory.census.categories import COLUMNS
 
     ip.user_ns["nn"] = __import__("torch").nn
     traces = {}

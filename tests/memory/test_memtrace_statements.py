@@ -293,12 +293,12 @@ def test_oom_frames_are_reported_then_released(ip, run):
 
 
 def test_a_report_that_runs_out_of_memory_itself_still_releases_and_raises_once(ip, run, monkeypatch):
-    import gpumagic.memory.oom as oom
+    from gpumagic.memory.trace.oom import postmortem
 
     def exhausted(*args, **kwargs):
         raise MemoryError("no room left to build the report")
 
-    monkeypatch.setattr(oom, "named_tensors", exhausted)
+    monkeypatch.setattr(postmortem, "named_tensors", exhausted)
     r = run(
         "%%memtrace\n"
         "import weakref\n"
@@ -373,7 +373,7 @@ def test_many_iterations_keep_the_timeline_bounded(ip, run):
 
 def test_live_view_html_from_probe_data(ip):
     from gpumagic.cell import ShellCompiler, prepare
-    from gpumagic.memory.run import MemtraceRun
+    from gpumagic.memory.trace.run import MemtraceRun
     from gpumagic.render.memtrace import memtrace_live_html
 
     prepared = prepare(ShellCompiler(ip), "x = torch.ones(2**24)\ny = 1\n", "%%memtrace", instrument=True)
@@ -396,7 +396,7 @@ def test_live_view_html_from_probe_data(ip):
 def test_sampled_peak_fallback_sees_a_transient_allocation():
     import time
 
-    from gpumagic.memory.probes import HostMemory
+    from gpumagic.memory.trace.readers import HostMemory
 
     exact, sampled = HostMemory(), HostMemory(force_sampled=True)
     try:
@@ -621,7 +621,7 @@ def test_cuda_that_fails_to_initialise_falls_back_to_host(ip, run, fake_cuda, mo
 
 
 def test_cuda_malloc_async_backend_caveat(ip, run, fake_cuda, monkeypatch):
-    from gpumagic.memory.probes import allocator_backend_note
+    from gpumagic.memory.trace.readers import allocator_backend_note
 
     fake_cuda.allocate(0)
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False,backend:cudaMallocAsync")
@@ -640,7 +640,7 @@ def test_cuda_malloc_async_backend_caveat(ip, run, fake_cuda, monkeypatch):
 def test_the_device_filter_reads_tensor_fields_not_device_objects():
     from types import SimpleNamespace
 
-    from gpumagic.memory.device import tensor_filter as device_filter
+    from gpumagic.memory.trace.device import tensor_filter as device_filter
 
     class NoDeviceObject(SimpleNamespace):
         @property

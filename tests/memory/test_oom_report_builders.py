@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpumagic.memory.holders import Holder
-from gpumagic.memory.oom import build_cuda_report, build_host_report, is_oom, requested_bytes
+from gpumagic.memory.trace.oom.analyse import build_cuda_report, build_host_report
+from gpumagic.memory.trace.oom.detect import is_oom, requested_bytes
+from gpumagic.memory.trace.oom.holders import Holder
 from gpumagic.render.memtrace import oom_html, oom_text
 
 GiB = 2**30
@@ -148,7 +149,7 @@ def test_request_and_free_that_print_alike_get_more_digits():
     ],
 )
 def test_oom_kind_follows_the_error(make, kind):
-    from gpumagic.memory.oom import oom_kind
+    from gpumagic.memory.trace.oom.detect import oom_kind
 
     torch = pytest.importorskip("torch")
     exc = make(torch)
@@ -157,7 +158,7 @@ def test_oom_kind_follows_the_error(make, kind):
 
 
 def test_requested_is_the_allocators_rounded_size_and_says_so():
-    from gpumagic.memory.oom import oom_device_index
+    from gpumagic.memory.trace.oom.detect import oom_device_index
 
     report = build_cuda_report(FakeOom(CUDA_MSG), cuda_stats(GiB, GiB), (GiB, 80 * GiB), "cuda:0", [])
     assert report.requested == 2 * GiB
@@ -180,7 +181,7 @@ def test_a_named_activation_is_listed_without_reading_its_grad() -> None:
 
     import torch
 
-    from gpumagic.memory.holders import named_tensors
+    from gpumagic.memory.trace.oom.holders import named_tensors
 
     w = torch.ones(4, 4, requires_grad=True)
     h = w * 2

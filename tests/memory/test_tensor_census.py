@@ -11,7 +11,7 @@ from svg_images import svg_images
 
 torch = pytest.importorskip("torch")
 
-from gpumagic.memory.categories import CATEGORIES, COLUMNS  # noqa: E402
+from gpumagic.memory.census.categories import COLUMNS, NAMES  # noqa: E402
 
 MiB = 2**20
 
@@ -101,7 +101,7 @@ def test_mlp_categories_parameters_activations_gradients_optimizer_state(ip, run
     assert lines.loc[5, "inputs_bytes"] == batch * width * 4 + 4
     # activations by module: the two ReLUs, named as the namespace names them
     forward_peak = t.peak_categories[[s.line for s in t.statements].index(5)]
-    assert forward_peak is not None and forward_peak[CATEGORIES.index("activations")] == activations
+    assert forward_peak is not None and forward_peak[NAMES.index("activations")] == activations
 
 
 def test_categories_add_up_to_allocated_on_every_row(ip, run):
@@ -167,7 +167,7 @@ def test_timeline_is_long_form_by_category(ip, run):
     run("%%memtrace -q\na = torch.ones(1000)\nb = torch.ones(2000).sum()\ndel a\n")
     tl = ip.user_ns["_memtrace"].timeline
     assert list(tl.columns) == ["time_s", "step", "line", "source", "point", "category", "bytes"]
-    assert set(tl.category) == set(CATEGORIES)
+    assert set(tl.category) == set(NAMES)
     after = tl[tl.point == "after"].pivot(index="line", columns="category", values="bytes")
     assert after.loc[2, "inputs"] == 4000 and after.loc[4, "inputs"] == 4
     peaks = tl[tl.point == "peak"]
@@ -288,6 +288,31 @@ def test_no_tensors_option_traces_the_rss_as_before(ip, run):
         t.export_memory_viz("x.pickle")
 
 
+def test_no_tensors_walks_no_model_either(ip, run):
+    """``--no-tensors`` is what its help says: the allocator's counters or the host's RSS
+    alone. No categories, and no walk over the namespace's models for an owners' split
+    (params, grads, optimizer, other) in their place: nothing of the user's model is called."""
+    r = run(
+        "%%memtrace -q --no-tensors\n"
+        "calls = []\n"
+        "class Spy(torch.nn.Linear):\n"
+        "    def parameters(self, recurse=True):\n"
+        "        calls.append('parameters')\n"
+        "        return super().parameters(recurse)\n"
+        "net = Spy(64, 64)\n"
+        "calls.clear()\n"
+        "opt = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)\n"
+        "net(torch.ones(2, 64)).sum().backward()\n"
+    )
+    assert r.result.success, r.result.error_in_exec
+    t = ip.user_ns["_memtrace"]
+    assert ip.user_ns["calls"] == []
+    owners = {"params_bytes", "grads_bytes", "optimizer_bytes", "other_bytes"}
+    assert not owners & set(t.lines.columns) and not t.has_categories
+    text = t._repr_mimebundle_()["text/plain"]
+    assert "by owner" not in text and "params" not in text
+
+
 def test_export_for_pytorchs_memory_visualiser(ip, run, tmp_path):
     from torch.cuda import _memory_viz
 
@@ -324,7 +349,7 @@ def test_out_of_memory_report_names_the_activations(ip, run):
     t = ip.user_ns["_memtrace"]
     oom = t.oom
     assert oom is not None and oom.categories is not None
-    activations = oom.categories[CATEGORIES.index("activations")]
+    activations = oom.categories[NAMES.index("activations")]
     # kept for backward: the two ReLU outputs (h is the second), and the first Linear's input
     assert activations == 2 * 512 * 1024 * 4 + 512 * 64 * 4
     assert dict(oom.activations) == {
@@ -384,7 +409,7 @@ def test_the_census_runs_unchanged_on_fake_tensors():
     gives the same bytes, peaks and categories as on real ones, allocating nothing."""
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-    from gpumagic.memory.tensors import TensorTracker, on_cpu
+    from gpumagic.memory.census.tracker import TensorTracker, on_cpu
 
     def step(census):
         torch.manual_seed(0)
@@ -420,6 +445,6 @@ def test_the_census_runs_unchanged_on_fake_tensors():
     assert [s.after for s in got] == [s.after for s in expected]
     assert [s.at_peak for s in got] == [s.at_peak for s in expected]
     # the ReLU's output kept for backward; x and loss are named
-    assert expected[0].after[CATEGORIES.index("activations")] == 64 * 256 * 4
-    assert expected[0].after[CATEGORIES.index("inputs")] == 64 * 128 * 4 + 4
-    assert expected[2].after[CATEGORIES.index("optimizer state")] > 0
+    assert expected[0].after[NAMES.index("activations")] == 64 * 256 * 4
+    assert expected[0].after[NAMES.index("inputs")] == 64 * 128 * 4 + 4
+    assert expected[2].after[NAMES.index("optimizer state")] > 0

@@ -1,9 +1,9 @@
-"""A dry run counted by issue 16's tensor census (:mod:`gpumagic.memory.tensors`), the engine
+"""A dry run counted by issue 16's tensor census (:mod:`gpumagic.memory.census.tracker`), the engine
 ``%%memtrace`` counts with, and its answer in ``%%memfit``'s terms.
 
 ``%%memfit`` asks one question of the accounting: *run this cell; tell me the peak, what
 was alive at the peak by category and by module, and which statement was running then.*
-:func:`account` runs a callable under a :class:`~gpumagic.memory.tensors.TensorTracker`,
+:func:`account` runs a callable under a :class:`~gpumagic.memory.census.tracker.TensorTracker`,
 settling the census at each statement boundary (it is the probe the instrumented cell
 calls), and keeps the highest moment; :class:`Accounting` is the answer. The census runs
 alike on real tensors (:mod:`.measure`, the reference a prediction is checked against) and
@@ -18,7 +18,7 @@ each storage alive at the peak with its category then, so parameters, gradients 
 optimizer state are given by module as well as activations, and the ordered allocations
 for the model of CUDA's caching allocator.
 
-The categories are the census's (:mod:`gpumagic.memory.categories`) under ``%%memfit``'s
+The categories are the census's (:mod:`gpumagic.memory.census.categories`) under ``%%memfit``'s
 keys; the census's "other" (tensors nothing names: an object's attribute, a long list) is
 split by birth: what the cell was given counts as inputs, what it made as temporaries.
 """
@@ -30,21 +30,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpumagic.cell import Probe
-from gpumagic.memory import categories as census_categories
+from gpumagic.memory.census.categories import INPUTS, KEYS, OPTIMIZER, OTHER, TEMPORARIES
+from gpumagic.memory.census.ledger import EARLIER, EventLog, Ledger, Record, Settled
+from gpumagic.memory.census.reach import tensors_in
+from gpumagic.memory.census.tracker import TensorTracker, on_cpu
 from gpumagic.memory.fit.deeper import deeper
-from gpumagic.memory.ledger import EARLIER, EventLog, Ledger, Record, Settled
-from gpumagic.memory.tensors import TensorTracker, on_cpu
+from gpumagic.namespace import own_tensors, submodules
 
-PARAMETERS = "parameters"
-GRADIENTS = "gradients"
-OPTIMIZER_STATE = "optimizer_state"
-ACTIVATIONS = "activations"
-TEMPORARIES = "temporaries"
-INPUTS = "inputs"
-# In the order a report lists them; the same names are the keys of Accounting.categories.
-CATEGORIES = (PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, TEMPORARIES, INPUTS)
-# The census's category numbers, in its order, as memfit's keys (OTHER is split by birth).
-_KEYS = (PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, TEMPORARIES, INPUTS, TEMPORARIES)
+# The census's categories as %%memfit reports them (the keys of Accounting.categories, in
+# the census's order): all but "other", which a dry run splits by birth (_key).
+FIT_KEYS = tuple(key for cat, key in enumerate(KEYS) if cat != OTHER)
 # Allocations and frees kept for the allocator's model: far beyond a training step's
 # thousands; past it the model sees a prefix and says so.
 TRACE_MAX = 1 << 22
@@ -112,13 +107,13 @@ def account(fn: Callable[[CensusProbe], object], scope: AccountingScope) -> tupl
     run = CensusProbe(census, scope.probe)
     error: Exception | None = None
     try:
-        census.start(also=[(t, census_categories.OTHER) for t in found.tensors])
-        run.begin()
+        census.start(also=[(t, OTHER) for t in found.tensors])
+        run.start()
         try:
             fn(run)
         except Exception as exc:  # the cell's error: the accounting so far still answers
             error = exc
-        run.close()
+        run.stop()
         census.stop()
         return run.result(scope.device), error
     finally:
@@ -127,7 +122,10 @@ def account(fn: Callable[[CensusProbe], object], scope: AccountingScope) -> tupl
 
 class CensusProbe:
     """The probe: settles the census at each statement boundary and keeps the highest
-    moment, with what was alive then and who owned it."""
+    moment, with what was alive then and who owned it. Its lifecycle is the tracer's
+    (:class:`gpumagic.memory.trace.tracer.MemoryTracer`) in the words of
+    :class:`gpumagic.cell.MeasuredRun`: ``start``, ``enter`` at each statement, ``stop``;
+    :meth:`result` is the answer."""
 
     def __init__(self, census: TensorTracker, inner: Probe | None) -> None:
         self.census = census
@@ -141,7 +139,7 @@ class CensusProbe:
         self.alive: tuple[tuple[Record, int, int], ...] | None = None
         self.owners: dict[int, str] = {}
 
-    def begin(self) -> None:
+    def start(self) -> None:
         """What the cell was given: the first moment, before its first statement."""
         self._took(self.census.settle(-1))
 
@@ -151,7 +149,8 @@ class CensusProbe:
         if self.inner is not None:
             self.inner.enter(index)
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """The cell ended: its last statement settled."""
         self._took(self.census.settle(-1))
         self.open = -1
 
@@ -180,7 +179,7 @@ class CensusProbe:
 
     def result(self, device: str) -> Accounting:
         census = self.census
-        categories = dict.fromkeys(CATEGORIES, 0)
+        categories = dict.fromkeys(FIT_KEYS, 0)
         by_module: dict[tuple[str, str], int] = {}
         if self.alive is not None:
             names = census.module_names()
@@ -189,14 +188,15 @@ class CensusProbe:
                     continue
                 key = _key(cat, rec)
                 categories[key] += n
-                module = self.owners.get(rec.key, "") if cat <= census_categories.OPTIMIZER else ""
+                module = self.owners.get(rec.key, "") if cat <= OPTIMIZER else ""
                 if rec.module:
                     module = names.get(rec.module, "")
                 by_module[(module, key)] = by_module.get((module, key), 0) + n
         else:  # a statement too long to replay: its categories as known at the time
             for cat, n in enumerate(self.at_peak):
-                categories[_KEYS[cat]] += n
-                by_module[("", _KEYS[cat])] = by_module.get(("", _KEYS[cat]), 0) + n
+                key = _key(cat, None)
+                categories[key] += n
+                by_module[("", key)] = by_module.get(("", key), 0) + n
         modules = sorted(((m, c, b) for (m, c), b in by_module.items() if b > 0), key=lambda r: -r[2])
         events = census.ledger.events
         trace = None
@@ -216,33 +216,35 @@ class CensusProbe:
         )
 
 
-def _key(cat: int, rec: Record) -> str:
-    if cat == census_categories.OTHER:
-        return INPUTS if rec.born == EARLIER else TEMPORARIES
-    return _KEYS[cat]
+def _key(cat: int, rec: Record | None) -> str:
+    """A census category as %%memfit's key: "other" (tensors nothing names) is what the cell
+    was given (inputs) when it was alive before the cell, else what it made (temporaries;
+    also where the record is not known, a statement too long to replay)."""
+    if cat == OTHER:
+        return KEYS[INPUTS] if rec is not None and rec.born == EARLIER else KEYS[TEMPORARIES]
+    return KEYS[cat]
 
 
 def owners(census: TensorTracker) -> dict[int, str]:
     """Storage key -> the module that owns it, for the parameters, buffers, gradients and
-    optimizer state of the models and optimizers the census counts."""
+    optimizer state of the models and optimizers the census counts (read by the namespace's
+    rules: a model's tables, not its methods)."""
     out: dict[int, str] = {}
     param_owner: dict[int, str] = {}
     modules, optimizers = census.reached_models(with_names=True)
     for name, model in modules:
-        for sub, m in model.named_modules(prefix=name):
-            for t in (*m._parameters.values(), *m._buffers.values()):
-                if t is None:
-                    continue
-                param_owner.setdefault(id(t), sub)
-                out.setdefault(t.untyped_storage()._cdata, sub)
+        for sub, m in submodules(model):
+            owner = f"{name}.{sub}" if sub else name
+            for _, _, t in own_tensors(m):
+                param_owner.setdefault(id(t), owner)
+                out.setdefault(t.untyped_storage()._cdata, owner)
                 if t.is_leaf and t.grad is not None:
-                    out.setdefault(t.grad.untyped_storage()._cdata, sub)
+                    out.setdefault(t.grad.untyped_storage()._cdata, owner)
     for _, opt in optimizers:
         for p, state in list(opt.state.items()):
             owner = param_owner.get(id(p), "")
-            for value in state.values() if isinstance(state, dict) else ():
-                if hasattr(value, "untyped_storage"):
-                    out.setdefault(value.untyped_storage()._cdata, owner)
+            for value in tensors_in(state):
+                out.setdefault(value.untyped_storage()._cdata, owner)
     return out
 
 
@@ -266,4 +268,4 @@ def _notes(census: TensorTracker) -> list[str]:
     return notes
 
 
-__all__ = ["CATEGORIES", "Accounting", "AccountingScope", "CensusProbe", "account", "owners"]
+__all__ = ["FIT_KEYS", "Accounting", "AccountingScope", "CensusProbe", "account", "owners"]

@@ -9,17 +9,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpumagic.cell import PreparedCell, PythonCompiler, prepare
-from gpumagic.memory.fit.accounting import CATEGORIES
+from gpumagic.cell import PreparedCell, PythonCompiler, error_text, prepare
 from gpumagic.memory.fit.allocator import AllocatorModel
 from gpumagic.memory.fit.batch import BatchPoint, largest_batch
 from gpumagic.memory.fit.dry_run import DEFAULT_TIMEOUT_S, DryRun, dry_run
 from gpumagic.memory.fit.gpus import GPUS, find_gpu, gpu_names
 from gpumagic.memory.fit.headroom import FRAGMENTATION, HeadroomLine, headroom, needed, verdict
-from gpumagic.memory.fit.notes import dry_run_notes, error_text
+from gpumagic.memory.fit.notes import dry_run_notes, why_stopped
 from gpumagic.memory.fit.result import MemFit, Target, WhatIf
 from gpumagic.memory.fit.shadow import code_names
 from gpumagic.memory.fit.what_if import make_fix
+from gpumagic.namespace import is_a
 from gpumagic.units import parse_size
 
 _MATMULS = ("mm.", "addmm.", "bmm.", "baddbmm.", "addbmm.", "_scaled_dot_product", "_scaled_mm", "linear.")
@@ -85,7 +85,7 @@ def predict(prepared: PreparedCell, user_ns: dict[str, Any], opts: FitOptions) -
     if opts.batch is not None:
         var, values = opts.batch
         current = user_ns.get(var)
-        value = current if isinstance(current, int) and not isinstance(current, bool) else max(values)
+        value = current if is_a(current, int) and not is_a(current, bool) else max(values)
         if current is not value:
             base_overrides[var] = value
         batch_base = (var, value)
@@ -120,7 +120,7 @@ def predict(prepared: PreparedCell, user_ns: dict[str, Any], opts: FitOptions) -
     )
     if main.error is not None:
         fit.error_line = _line(prepared, main.error_statement)
-        fit.error = error_text(main, prepared)
+        fit.error = why_stopped(main, prepared)
     if target is None:
         fit.verdicts = [
             (g.name, g.cuda_bytes, verdict(acc.peak_bytes, _headroom(main, Target(g.name, g.cuda_bytes, capability=g.capability)), g.cuda_bytes, g.uncertainty_bytes))
@@ -148,7 +148,7 @@ def _fit_batch(batch: tuple[str, list[int]], target: Target | None, lines: list[
         dr = run(overrides={var: value})
         got = dr.accounting.peak_bytes
         if dr.error is not None:
-            return BatchPoint(value, got, 0, False, error=f"{type(dr.error).__name__}: {dr.error}"[:200])
+            return BatchPoint(value, got, 0, False, error=error_text(dr.error, 200))
         need = got + int(got * ratio) + fixed
         return BatchPoint(value, got, need, need <= budget)
 
@@ -164,7 +164,7 @@ def _what_if(name: str, batch_base: tuple[str, int] | None, names_read: set[str]
     if not changed:
         return WhatIf(name, "", None, None, unavailable="nothing in the namespace to change")
     if dr.error is not None:
-        return WhatIf(name, changed, None, None, error=f"the dry run stopped: {type(dr.error).__name__}: {dr.error}"[:200])
+        return WhatIf(name, changed, None, None, error=f"the dry run stopped: {error_text(dr.error, 180)}")
     acc = dr.accounting
     return WhatIf(name, changed, acc.peak_bytes, base.accounting.peak_bytes - acc.peak_bytes, dict(acc.categories))
 
@@ -211,4 +211,4 @@ def memfit(
     return predict(prepared, namespace if namespace is not None else {}, opts)
 
 
-__all__ = ["CATEGORIES", "FitOptions", "memfit", "predict", "resolve_target"]
+__all__ = ["FitOptions", "memfit", "predict", "resolve_target"]

@@ -38,7 +38,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gpumagic.memory.fit.storages import storage_of, tensors_in
+from gpumagic.memory.census.reach import storage_of, tensors_in
 
 CUDA, HOST = "cuda", "host"
 aten = torch.ops.aten

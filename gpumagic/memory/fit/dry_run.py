@@ -37,6 +37,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from gpumagic.cell import PreparedCell, execute
+from gpumagic.memory.census.tracker import CUDA_ROUNDING, on_cpu
 from gpumagic.memory.fit.accounting import Accounting, AccountingScope, CensusProbe, account
 from gpumagic.memory.fit.answers import Answers, NeedsValues, ValueAnswers, ValueFunctions
 from gpumagic.memory.fit.devices import (
@@ -53,9 +54,7 @@ from gpumagic.memory.fit.shadow import (
     kept_global_state,
     referenced_names,
 )
-from gpumagic.memory.tensors import on_cpu
 
-CUDA_ROUNDING = 512  # bytes: c10/cuda/CUDACachingAllocator.cpp kMinBlockSize, every block a multiple
 DEFAULT_TIMEOUT_S = 120.0
 
 
@@ -215,7 +214,7 @@ def _dry_run(
 def _counting(count: str, devices: DeviceMap | None) -> tuple[Callable[[Any], bool], Callable[[], bool]]:
     """The census's ``keep`` for ``count``, and whether the cell has made a CUDA tensor so
     far. Without a GPU, the device labels say (:mod:`.devices`); fake tensors are all CPU
-    tensors then, and :func:`~gpumagic.memory.tensors.on_cpu` is the census's fast path."""
+    tensors then, and :func:`~gpumagic.memory.census.tracker.on_cpu` is the census's fast path."""
     if devices is not None:
         if count == CUDA:
             return devices.is_cuda, lambda: devices.cuda_made

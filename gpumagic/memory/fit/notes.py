@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from gpumagic.cell import PreparedCell
+from gpumagic.cell import PreparedCell, error_text
 from gpumagic.memory.fit.answers import NeedsValues
 from gpumagic.memory.fit.devices import CUDA
 from gpumagic.memory.fit.dry_run import DryRun, DryRunTimeout
@@ -79,9 +79,12 @@ def dry_run_notes(run: DryRun, prepared: PreparedCell) -> list[str]:
     return notes
 
 
-def error_text(run: DryRun, prepared: PreparedCell) -> str:
-    """Why the dry run stopped, naming the line."""
+def why_stopped(run: DryRun, prepared: PreparedCell) -> str:
+    """Why the dry run stopped, naming the line (the error itself as every report writes one:
+    :func:`gpumagic.cell.error_text`)."""
     err = run.error
+    if err is None:
+        return ""
     where = _line(prepared, run.error_statement)
     if isinstance(err, NeedsValues):
         return f"{where}: {err}"
@@ -89,8 +92,8 @@ def error_text(run: DryRun, prepared: PreparedCell) -> str:
         return f"{where}: {err} (a loop on placeholder values? give the cell fewer steps)"
     if isinstance(err, ShadowError):
         return str(err)
-    text = f"{where}: {type(err).__name__}: {err}"[:400]
-    if "not compiled with CUDA" in str(err) or "no NVIDIA driver" in str(err):
+    text = f"{where}: {error_text(err, 400)}"
+    if "not compiled with CUDA" in text or "no NVIDIA driver" in text:
         # torch.cuda.synchronize(), memory_allocated(), ...: a dry run makes no CUDA context
         text += " (torch.cuda calls need a GPU: a dry run without one cannot make them)"
     return text

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gpumagic.memory.fit.accounting import CATEGORIES
+from gpumagic.memory.fit.accounting import FIT_KEYS
 from gpumagic.memory.fit.batch import BatchFit
 from gpumagic.memory.fit.headroom import HeadroomLine
 from gpumagic.render.html import Rendered
@@ -99,12 +99,12 @@ class MemFit(Rendered):
                 "peak_bytes": w.peak_bytes,
                 "saving_bytes": w.saving_bytes,
             }
-            for c in CATEGORIES:
+            for c in FIT_KEYS:
                 row[f"{c}_saving"] = (
                     self.categories.get(c, 0) - w.categories.get(c, 0) if w.peak_bytes is not None else None
                 )
             rows.append(row)
-        columns = ["fix", "changed", "peak_bytes", "saving_bytes", *(f"{c}_saving" for c in CATEGORIES)]
+        columns = ["fix", "changed", "peak_bytes", "saving_bytes", *(f"{c}_saving" for c in FIT_KEYS)]
         return pd.DataFrame(rows, columns=columns)
 
     @property

@@ -15,7 +15,9 @@ What the cell reads is copied once into a fresh dict, with one ``copy.deepcopy``
   write raises instead of changing the user's data);
 * modules, classes and other functions are used as they are. An object that cannot be
   copied (it holds a lock, a file, a thread) is used as it is and the report says so; an
-  iterator or generator is refused, because advancing it would change the user's.
+  iterator or generator is refused, because advancing it would change the user's. Each
+  value is told by its ``type()`` (:func:`gpumagic.namespace.is_a`): a proxy's
+  ``__class__`` is not asked.
 
 Which names: those the cell's code reads, and, through the notebook's functions it calls,
 the names their code reads. Nothing is written to the user's namespace; the bindings are
@@ -36,6 +38,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from gpumagic.cell import error_text
+from gpumagic.namespace import is_a
 
 
 class ShadowError(RuntimeError):
@@ -78,7 +83,7 @@ def referenced_names(codes: Iterable[types.CodeType | None], user_ns: Mapping[st
 
 
 def _notebook_function(value: Any, user_ns: Mapping[str, Any]) -> bool:
-    return isinstance(value, types.FunctionType) and value.__globals__ is user_ns
+    return is_a(value, types.FunctionType) and value.__globals__ is user_ns
 
 
 @contextlib.contextmanager
@@ -134,7 +139,7 @@ def build_shadow(
                 ns[name] = value
             elif _notebook_function(value, user_ns):
                 functions.append(name)
-            elif isinstance(value, (types.GeneratorType, Iterator)) and not isinstance(value, io.IOBase):
+            elif is_a(value, (types.GeneratorType, Iterator)) and not is_a(value, io.IOBase):
                 raise ShadowError(
                     f"`{name}` is an iterator ({type(value).__name__}): a dry run cannot copy it, "
                     "and advancing it would change yours. Take a batch from it before the cell "
@@ -146,18 +151,18 @@ def build_shadow(
                     shadow.copied.append(name)
                 except Exception as exc:  # a lock, a file, a thread inside
                     ns[name] = value
-                    shadow.as_is.append((name, f"{type(exc).__name__}: {exc}"[:120]))
+                    shadow.as_is.append((name, error_text(exc, 120)))
         for name in functions:
             ns[name] = _rebound(user_ns[name], ns, memo)
     return shadow
 
 
 def _kept_as_is(value: Any) -> bool:
-    return isinstance(
+    return is_a(
         value,
         (types.ModuleType, type, types.BuiltinFunctionType, types.BuiltinMethodType,
          torch.device, torch.dtype, str, bytes, int, float, bool, type(None)),
-    ) or (isinstance(value, types.FunctionType) and value.__module__ != "__main__")
+    ) or (is_a(value, types.FunctionType) and value.__module__ != "__main__")
 
 
 def _rebound(fn: types.FunctionType, ns: dict[str, Any], memo: dict[int, Any]) -> types.FunctionType:

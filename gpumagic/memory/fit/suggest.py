@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpumagic.memory.fit.gpus import find_gpu
+from gpumagic.namespace import is_a
 
 # Names a batch size goes by, in the order they are looked for (``--what-if batch``, and the
 # line an out-of-memory report offers).
@@ -22,7 +23,7 @@ def batch_variable(names: Iterable[str], namespace: Mapping[str, Any]) -> tuple[
     names = set(names)
     for name in BATCH_NAMES:
         value = namespace.get(name)
-        if name in names and isinstance(value, int) and not isinstance(value, bool) and value > 1:
+        if name in names and is_a(value, int) and not is_a(value, bool) and value > 1:
             return name, value
     return None
 

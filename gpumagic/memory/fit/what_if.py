@@ -31,6 +31,7 @@ from torch import nn
 from gpumagic.memory.fit.answers import Answers, ValueAnswers
 from gpumagic.memory.fit.shadow import Shadow
 from gpumagic.memory.fit.suggest import batch_variable
+from gpumagic.namespace import instance_dict, is_a, user_items
 
 FIXES = ("amp", "checkpoint", "sgd", "adafactor", "set_to_none", "batch")
 
@@ -90,7 +91,7 @@ def make_fix(name: str, batch: tuple[str, int] | None, names_read: set[str], nam
 
 def _top_models(shadow: Shadow) -> list[tuple[str, nn.Module]]:
     """The namespace's models, largest first, none that is part of another."""
-    models = [(n, m) for n, m in shadow.namespace.items() if isinstance(m, nn.Module) and not n.startswith("_")]
+    models = [(n, m) for n, m in user_items(shadow.namespace) if is_a(m, nn.Module)]
     inner = {id(sub) for _, m in models for sub in list(m.modules())[1:]}
     models = [(n, m) for n, m in models if id(m) not in inner]
     return sorted(models, key=lambda nm: -sum(p.numel() for p in nm[1].parameters()))
@@ -143,7 +144,7 @@ def checkpoint_blocks(shadow: Shadow) -> list[str]:
 
 
 def _optimizers(shadow: Shadow) -> list[tuple[str, torch.optim.Optimizer]]:
-    return [(n, o) for n, o in shadow.namespace.items() if isinstance(o, torch.optim.Optimizer)]
+    return [(n, o) for n, o in user_items(shadow.namespace) if is_a(o, torch.optim.Optimizer)]
 
 
 def swap_optimizers(shadow: Shadow, kind: str) -> list[str]:
@@ -168,9 +169,9 @@ def swap_optimizers(shadow: Shadow, kind: str) -> list[str]:
         )
         changed.append(f"{name}: {type(opt).__name__} replaced by {what}, {state}")
     if swapped:  # objects that hold the optimizer (a trainer, a scheduler) get the new one
-        for value in list(shadow.namespace.values()):
-            attrs = getattr(value, "__dict__", None)
-            if isinstance(attrs, dict) and not isinstance(value, (nn.Module, torch.optim.Optimizer)):
+        for _, value in user_items(shadow.namespace):
+            attrs = instance_dict(value)
+            if attrs is not None and not is_a(value, (nn.Module, torch.optim.Optimizer)):
                 for key, held in list(attrs.items()):
                     if id(held) in swapped:
                         attrs[key] = swapped[id(held)]
@@ -207,13 +208,13 @@ def _warm_like(new: torch.optim.Optimizer, old: torch.optim.Optimizer) -> int:
 
 def zero_grad_to_none(shadow: Shadow) -> list[str]:
     changed: list[str] = []
-    for name, obj in shadow.namespace.items():
-        if isinstance(obj, (torch.optim.Optimizer, nn.Module)):
+    for name, obj in user_items(shadow.namespace):
+        if is_a(obj, (torch.optim.Optimizer, nn.Module)):
             plain = obj.zero_grad
 
             def to_none(*args: Any, _f: Callable[..., Any] = plain, **kwargs: Any) -> Any:
                 return _f(set_to_none=True)  # zero_grad's one argument, however it was given
 
-            obj.zero_grad = to_none  # type: ignore[method-assign]
+            obj.zero_grad = to_none
             changed.append(f"{name}.zero_grad(set_to_none=True)")
     return changed

@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from gpumagic.namespace import is_a, user_items
+
 __all__ = ["Handover", "restore_profile_function", "running_profiler"]
 
 # (module, attribute): the calls every torch profiler makes as it starts (torch 2.x)
@@ -68,8 +70,8 @@ def running_profiler(namespace: Mapping[str, Any]) -> str | None:
 
 def _held_profilers(torch: Any, namespace: Mapping[str, Any]) -> list[str]:
     """Names of the namespace's torch profilers that hold torch's profiler now: started
-    (or prepared for a warm-up step) and not stopped. Types only, no isinstance: a user
-    object whose ``__class__`` raises must not fail this."""
+    (or prepared for a warm-up step) and not stopped. Read by the namespace's rules
+    (:mod:`gpumagic.namespace`): a user object whose ``__class__`` raises must not fail this."""
     kineto = getattr(getattr(torch, "profiler", None), "profiler", None)
     kinds = tuple(
         k
@@ -82,8 +84,8 @@ def _held_profilers(torch: Any, namespace: Mapping[str, Any]) -> list[str]:
     if not kinds:
         return []
     names = []
-    for name, value in list(namespace.items()):
-        if name.startswith("_") or not issubclass(type(value), kinds):
+    for name, value in user_items(namespace):
+        if not is_a(value, kinds):
             continue
         inner = getattr(value, "profiler", value)  # torch.profiler.profile wraps the autograd one
         if inner is None or not issubclass(type(inner), kinds):

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from gpumagic.namespace import is_a, user_items
 from gpumagic.profile.trace.session import DdpState, LiveState, LoaderState, OptimizerState
 
 _T = TypeVar("_T")
@@ -17,7 +18,9 @@ def capture_live_state(
 ) -> LiveState:
     """Read the facts the rules use from a user namespace and torch's global flags.
 
-    Imports nothing: when the session has not imported torch, there is nothing to find.
+    Imports nothing: when the session has not imported torch, there is nothing to find. The
+    namespace is read by :mod:`gpumagic.namespace`'s rules: the user's names only, each
+    value told by its ``type()`` (a lazy proxy's ``__class__`` is never asked).
     """
     torch = sys.modules.get("torch")
     if torch is None:
@@ -26,10 +29,8 @@ def capture_live_state(
     optimizers: list[OptimizerState] = []
     loader_cls = getattr(getattr(getattr(torch, "utils", None), "data", None), "DataLoader", None)
     optim_cls = getattr(getattr(torch, "optim", None), "Optimizer", None)
-    for name, value in list(namespace.items()):
-        if name.startswith("_"):
-            continue
-        if loader_cls is not None and isinstance(value, loader_cls):
+    for name, value in user_items(namespace):
+        if loader_cls is not None and is_a(value, loader_cls):
             loaders.append(
                 LoaderState(
                     name=name,
@@ -38,7 +39,7 @@ def capture_live_state(
                     batch_size=getattr(value, "batch_size", None),
                 )
             )
-        elif optim_cls is not None and isinstance(value, optim_cls):
+        elif optim_cls is not None and is_a(value, optim_cls):
             defaults = getattr(value, "defaults", {}) or {}
             optimizers.append(
                 OptimizerState(
@@ -89,12 +90,10 @@ def _parallel_wrappers(
     ddp_cls = getattr(parallel, "DistributedDataParallel", None)
     dp: list[str] = []
     ddp: list[DdpState] = []
-    for name, value in list(namespace.items()):
-        if name.startswith("_"):
-            continue
-        if dp_cls is not None and isinstance(value, dp_cls):
+    for name, value in user_items(namespace):
+        if dp_cls is not None and is_a(value, dp_cls):
             dp.append(name)
-        elif ddp_cls is not None and isinstance(value, ddp_cls):
+        elif ddp_cls is not None and is_a(value, ddp_cls):
             cap = getattr(value, "bucket_bytes_cap", None)
             ddp.append(
                 DdpState(

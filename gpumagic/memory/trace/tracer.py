@@ -5,12 +5,12 @@ statement that was running (its delta, its peak above its own start, its end sta
 resets the peak counters and opens ``i``. One reading serves as the end of one
 statement and the start of the next, so a boundary costs one device query.
 
-With a tensor census (:class:`gpumagic.memory.tensors.TensorTracker`), each boundary also
+With a tensor census (:class:`gpumagic.memory.census.tracker.TensorTracker`), each boundary also
 settles the statement that ended: its bytes by category after it, and at its peak
-(:mod:`gpumagic.memory.categories`). On CUDA the allocator's counters stay the totals and
+(:mod:`gpumagic.memory.census.categories`). On CUDA the allocator's counters stay the totals and
 "other" is what no tensor accounts for; on the CPU the census is the total.
 
-When the cell ends, :meth:`MemoryTracer.finish` closes the last statement and hands out
+When the cell ends, :meth:`MemoryTracer.stop` closes the last statement and hands out
 the numbers as a frozen :class:`TraceTotals`; what comes after (the out-of-memory
 post-mortem, the result) works on that, never on the tracer's fields.
 """
@@ -21,24 +21,20 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
-from gpumagic.cell import Statement
-from gpumagic.memory.categories import OTHER
-from gpumagic.memory.ledger import Settled
-from gpumagic.memory.probes import HostMemory, Reader, Reading
+from gpumagic.cell import Statement, error_text
+from gpumagic.memory.census.categories import OTHER
+from gpumagic.memory.census.ledger import Settled
+from gpumagic.memory.trace.readers import HostMemory, Reader, Reading
 from gpumagic.tracebacks import hidden_hook
 
-# Breakdown into parameters / gradients / optimizer state costs a walk over the model's
-# tensors (~35 µs for a small CNN); do it on each statement's first run, then at most once
-# per this many nanoseconds, so a training loop pays well under 1% for it.
-_BREAKDOWN_EVERY_NS = 200_000_000
 # The timeline keeps at most this many points: past it, every other point is dropped and
 # only every 2nd (4th, ...) boundary is recorded; peaks in between are folded in.
 _TIMELINE_MAX = 4096
 
 
-Categories = tuple[int, ...]  # bytes by category, in gpumagic.memory.categories' order
+Categories = tuple[int, ...]  # bytes by category, in gpumagic.memory.census.categories' order
 # (seconds since start, allocated, statement index, highest since the previous point,
 #  bytes by category after the statement or None, by category at that highest or None)
 Point = tuple[float, int, int, int, "Categories | None", "Categories | None"]
@@ -82,7 +78,6 @@ class TraceTotals:
     host_peak: tuple[int, ...]
     host_after: tuple[int, ...]
     time_ns: tuple[int, ...]
-    parts: tuple[tuple[int, int, int] | None, ...]  # params, grads, optimizer state
     categories: tuple[Categories | None, ...]  # by category after the last hit
     peak_categories: tuple[Categories | None, ...]  # by category at the highest hit's peak
     at_peak: PeakMoment | None
@@ -116,7 +111,6 @@ class MemoryTracer:
         statements: Sequence[Statement],
         reader: Reader,
         host: HostMemory,
-        breakdown: Any = None,  # gpumagic.memory.holders.ModelMemory or None
         sync: Callable[[], bool] | None = None,
         census: Census | None = None,
     ) -> None:
@@ -125,7 +119,6 @@ class MemoryTracer:
         self._reader = reader
         self._host = host
         self._separate_host = reader is not host
-        self._breakdown = breakdown
         # --sync: waits for the device at each boundary (returns False when there was
         # nothing to wait for, CUDA not being initialised yet), so a statement's time
         # includes the GPU work it queued; what the waits took is kept to report its cost.
@@ -143,13 +136,11 @@ class MemoryTracer:
         self.host_peak = [0] * n
         self.host_after = [0] * n
         self.time_ns = [0] * n
-        self.parts: list[tuple[int, int, int] | None] = [None] * n  # params, grads, optimizer
         self._census = census
         self.categories: list[Categories | None] = [None] * n
         self.peak_categories: list[Categories | None] = [None] * n
         self.at_peak: PeakMoment | None = None
         self.approximate: set[int] = set()
-        self._last_breakdown_ns = 0
         self.open = -1  # statement running now, -1 between statements
         # state at the start of the open statement
         self._start_ns = 0
@@ -207,8 +198,7 @@ class MemoryTracer:
             # cell's exception to a statement boundary. Stop syncing; the cell's next own
             # synchronisation raises it as it would without the magic.
             self._sync = None
-            first = str(exc).strip().splitlines()[:1]
-            self.sync_error = f"{type(exc).__name__}: {first[0]}" if first else type(exc).__name__
+            self.sync_error = error_text(exc)
             return
         if waited:
             self.syncs += 1
@@ -248,16 +238,6 @@ class MemoryTracer:
         if settled is not None:
             after, at_peak = self._categorise(i, settled, dev)
         self._record(now, dev, i, after, at_peak)
-        if self._breakdown is not None and (
-            self.hits[i] == 1 or now - self._last_breakdown_ns >= _BREAKDOWN_EVERY_NS
-        ):
-            try:
-                self.parts[i] = self._breakdown.measure()
-            except Exception:
-                # it walks the user's objects (a module's parameters()): whatever they
-                # raise must not fail the cell's next statement; the split stops here
-                self._breakdown = None
-            self._last_breakdown_ns = time.perf_counter_ns()
 
     def _categorise(
         self, i: int, settled: Settled, dev: Reading
@@ -314,9 +294,10 @@ class MemoryTracer:
             self._stride *= 2
 
     # -- end of the cell -------------------------------------------------------------------
-    def finish(self) -> TraceTotals:
-        """Close the statement still open (the failing one, after an error) and hand out
-        the numbers. A second call hands out the same numbers."""
+    def stop(self) -> TraceTotals:
+        """Stop measuring: close the statement still open (the failing one, after an error)
+        and hand out the numbers. A second call hands out the same numbers. (The run's own
+        ``stop`` calls it: one lifecycle, :class:`gpumagic.cell.MeasuredRun`'s words.)"""
         if self._totals is not None:
             return self._totals
         failing = self.open
@@ -339,7 +320,6 @@ class MemoryTracer:
             host_peak=tuple(self.host_peak),
             host_after=tuple(self.host_after),
             time_ns=tuple(self.time_ns),
-            parts=tuple(self.parts),
             categories=tuple(self.categories),
             peak_categories=tuple(self.peak_categories),
             at_peak=self.at_peak,

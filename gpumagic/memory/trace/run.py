@@ -1,11 +1,11 @@
 """One ``%%memtrace`` run, without IPython: a :class:`gpumagic.cell.MeasuredRun` that traces
 memory per statement and makes the result.
 
-``start`` opens the host's readers, the tensor census (:mod:`gpumagic.memory.tensors`:
+``start`` opens the host's readers, the tensor census (:mod:`gpumagic.memory.census.tracker`:
 its dispatch mode and hooks) and the tracer (the probe the cell's statements call),
 ``stop`` closes the last statement, takes the tracer's totals and removes the census's mode
 and hooks, ``finish`` runs the out-of-memory post-mortem when the cell ran out of memory
-and builds the :class:`~gpumagic.memory.report.MemTrace`, ``close`` closes the readers and
+and builds the :class:`~gpumagic.memory.trace.result.MemTrace`, ``close`` closes the readers and
 lets the census go (until then it still counts frees: the post-mortem's release of the
 failed call's frames is measured in tensors). While the cell runs,
 :meth:`MemtraceRun.status` is the live view's data.
@@ -20,16 +20,19 @@ from typing import Any
 
 from gpumagic.cell import Statement, error_text
 from gpumagic.device_kinds import CUDA, HOST
-from gpumagic.memory.device import TracedDevice, cpu_tensors, cuda_device, resolve_device
-from gpumagic.memory.holders import ModelMemory
-from gpumagic.memory.oom import is_oom, memfit_next, post_mortem
-from gpumagic.memory.probes import CudaMemory, HostMemory, Reader, allocator_backend_note
-from gpumagic.memory.report import MemTrace
-from gpumagic.memory.tracer import MemoryTracer, Timeline, TraceTotals
-
-# The CUDA caching allocator hands out multiples of 512 bytes (kMinBlockSize in
-# c10/cuda/CUDACachingAllocator.cpp): the census rounds each storage as it does.
-CUDA_ROUNDING = 512
+from gpumagic.memory.trace.device import TracedDevice, cpu_tensors, cuda_device, resolve_device
+from gpumagic.memory.trace.oom.detect import is_oom
+from gpumagic.memory.trace.oom.memfit_line import memfit_next
+from gpumagic.memory.trace.oom.postmortem import post_mortem
+from gpumagic.memory.trace.readers import (
+    CudaMemory,
+    HostMemory,
+    Reader,
+    TensorMemory,
+    allocator_backend_note,
+)
+from gpumagic.memory.trace.result import MemTrace
+from gpumagic.memory.trace.tracer import MemoryTracer, Timeline, TraceTotals
 
 __all__ = ["MemtraceRun", "MemtraceStatus"]
 
@@ -49,7 +52,7 @@ class MemtraceRun:
     """Trace one cell's memory per statement (a :class:`gpumagic.cell.MeasuredRun`).
 
     ``device``: ``--device`` (None: CUDA if there is one); an unknown or unusable device
-    raises :class:`~gpumagic.memory.device.DeviceError` here, before anything is acquired.
+    raises :class:`~gpumagic.memory.trace.device.DeviceError` here, before anything is acquired.
     ``sync``: synchronise the traced CUDA device at every statement boundary, so each
     statement's time includes the GPU work it queued (kernels run asynchronously: without
     it, a statement's time is the host's, and the next statement that waits for the GPU is
@@ -57,7 +60,7 @@ class MemtraceRun:
     cell's code name (:attr:`gpumagic.cell.PreparedCell.filename`), where the release of an
     out-of-memory error's frames starts. ``tensors``: count tensors by category (the
     census); False reads the allocator's counters alone on CUDA and the process's RSS on the
-    host, as before the census existed.
+    host, and nothing of the namespace (``--no-tensors``).
     """
 
     def __init__(
@@ -79,7 +82,7 @@ class MemtraceRun:
         self._tracer: MemoryTracer | None = None
         self._totals: TraceTotals | None = None
         self.tensors = tensors
-        self._census: Any = None  # gpumagic.memory.tensors.TensorTracker
+        self._census: Any = None  # gpumagic.memory.census.tracker.TensorTracker
         self._census_reader: Reader | None = None
 
     # -- the lifecycle ---------------------------------------------------------------------
@@ -90,17 +93,14 @@ class MemtraceRun:
         elif self.device.kind == HOST:
             self.device = self.device.measured_by(self._host.why)
         reader = self._reader()
-        breakdown = None
-        if self._census is None and "torch" in sys.modules:
-            breakdown = ModelMemory(self.namespace, self.device.holds())
         waiter = reader.synchronize if self.sync and isinstance(reader, CudaMemory) else None
         self._tracer = MemoryTracer(
-            self.statements, reader, self._host, breakdown, sync=waiter, census=self._census
+            self.statements, reader, self._host, sync=waiter, census=self._census
         )
         return self._tracer
 
     def _start_census(self) -> None:
-        from gpumagic.memory.tensors import TensorMemory, TensorTracker, on_cpu
+        from gpumagic.memory.census.tracker import CUDA_ROUNDING, TensorTracker, on_cpu
 
         if self.device.kind == CUDA:
             census = TensorTracker(self.namespace, self.device.holds(), rounding=CUDA_ROUNDING)
@@ -115,20 +115,20 @@ class MemtraceRun:
     def stop(self) -> None:
         try:
             if self._tracer is not None:
-                self._totals = self._tracer.finish()
+                self._totals = self._tracer.stop()
         finally:
             if self._census is not None:
                 self._census.stop()
 
     def finish(self, error: BaseException | None) -> MemTrace:
         """The result. After an out-of-memory error, also its report, and the release of the
-        failed call's frames (see :func:`gpumagic.memory.oom.post_mortem`)."""
+        failed call's frames (see :func:`gpumagic.memory.trace.oom.postmortem.post_mortem`)."""
         assert self._tracer is not None and self._host is not None, "finish() before start()"
         if error is not None and self._census is not None:
-            from gpumagic.memory.tensors import drop_own_frames
+            from gpumagic.memory.census.tracker import drop_own_frames
 
             drop_own_frames(error)
-        totals = self._totals if self._totals is not None else self._tracer.finish()
+        totals = self._totals if self._totals is not None else self._tracer.stop()
         device = self._named_device()
         oom = None
         names = self._census.module_names() if self._census is not None else {}

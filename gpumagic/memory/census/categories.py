@@ -1,11 +1,20 @@
-"""Where tensor memory goes: the categories every ``%%memtrace`` row, chart and peak uses.
+"""Where tensor memory goes: the one vocabulary of categories every row, chart, peak and
+prediction of ``%%memtrace`` and ``%%memfit`` uses.
+
+Each category is a number (:data:`PARAMETERS`... :data:`OTHER`: the census's ledger counts
+by it, and tuples of bytes are in its order) and has four spellings, each in one tuple
+indexed by that number: :data:`KEYS`, an identifier (a key of ``MemFit.categories``, the
+stem of a what-if column: ``optimizer_state``); :data:`NAMES`, as a report writes it
+(``optimizer state``, the ``category`` of ``MemTrace.timeline``); :data:`SHORT`, a table's
+header (``optimizer``); :data:`COLUMNS`, a ``MemTrace.lines`` column
+(``optimizer_bytes``); and :data:`DESCRIPTIONS`, one line on what it holds.
 
 The seed's out-of-memory chapter names them, and torch's own ``_memory_profiler`` classifies
 allocations the same way (PARAMETER, GRADIENT, OPTIMIZER_STATE, ACTIVATION, TEMPORARY, INPUT).
 Each live tensor storage is in exactly one category at any moment, so the categories add up
 to the tensor bytes alive; "other" makes them add up to the allocator's total on CUDA.
 
-How a storage is classified (:mod:`gpumagic.memory.tensors` does it, the first rule that
+How a storage is classified (:mod:`gpumagic.memory.census.tracker` does it, the first rule that
 holds wins):
 
 * parameters: a parameter or buffer of an ``nn.Module`` the namespace names or the cell
@@ -30,11 +39,13 @@ from typing import Final
 
 __all__ = [
     "ACTIVATIONS",
-    "CATEGORIES",
     "COLUMNS",
     "DESCRIPTIONS",
     "GRADIENTS",
     "INPUTS",
+    "KEYS",
+    "NAMES",
+    "NAME_OF_KEY",
     "OPTIMIZER",
     "OTHER",
     "PARAMETERS",
@@ -50,16 +61,17 @@ TEMPORARIES: Final = 4
 INPUTS: Final = 5
 OTHER: Final = 6
 
-# Names in the order reports list them (model state first, then what a step makes).
-CATEGORIES: Final = (
+# In the order reports list them (model state first, then what a step makes).
+KEYS: Final = (
     "parameters",
     "gradients",
-    "optimizer state",
+    "optimizer_state",
     "activations",
     "temporaries",
     "inputs",
     "other",
 )
+NAMES: Final = tuple(key.replace("_", " ") for key in KEYS)
 # Column headers of the per-statement table.
 SHORT: Final = ("params", "grads", "optimizer", "activations", "temporaries", "inputs", "other")
 # ``MemTrace.lines`` columns, one per category (issue 16 names them).
@@ -73,3 +85,5 @@ DESCRIPTIONS: Final = (
     "tensors your variables name: the data, outputs, losses",
     "tensors nothing names (an attribute, a long list); on CUDA, allocator bytes no tensor accounts for",
 )
+# A key as a report writes it ("optimizer_state" -> "optimizer state").
+NAME_OF_KEY: Final = dict(zip(KEYS, NAMES))

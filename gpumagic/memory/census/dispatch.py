@@ -24,6 +24,8 @@ from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from gpumagic.tracebacks import exception_chain
+
 __all__ = ["FRESH", "MUTATED", "VIEW", "StorageMode", "drop_own_frames", "leave_mode", "output_kind", "skip_in_dynamo"]
 
 # How an op's outputs relate to its inputs, from its schema: fresh storage, a view (the same
@@ -60,7 +62,7 @@ def output_kind(func: Any) -> int:
 
 class StorageMode(TorchDispatchMode):
     """The dispatch mode: runs each op, then tells the tracker (a
-    :class:`gpumagic.memory.tensors.TensorTracker`) about its outputs."""
+    :class:`gpumagic.memory.census.tracker.TensorTracker`) about its outputs."""
 
     def __init__(self, tracker: Any) -> None:
         super().__init__()
@@ -106,10 +108,7 @@ def drop_own_frames(error: BaseException) -> None:
     to be hidden (``__tracebackhide__``). Without the census the innermost frame is the
     cell's own line (the op is C++), and so it is again once the frame is unlinked."""
     code = StorageMode.__torch_dispatch__.__code__
-    seen: set[int] = set()
-    exc: BaseException | None = error
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
+    for exc in exception_chain(error):
         tb = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code is code:
             tb = tb.tb_next
@@ -121,7 +120,6 @@ def drop_own_frames(error: BaseException) -> None:
                 nxt = nxt.tb_next
             tb.tb_next = nxt
             tb = nxt
-        exc = exc.__context__
 
 
 def leave_mode(mode: TorchDispatchMode) -> None:

@@ -1,5 +1,8 @@
-"""The ``%%memtrace`` result: per-statement rows as a DataFrame, memory over time by
-category, what was alive at the peak, a table, a chart, a memory-visualiser export."""
+"""The ``%%memtrace`` result, :class:`MemTrace`: what a traced cell measured, and the ways to
+read it: per-statement rows as a DataFrame (:mod:`.lines`), memory over time by category and
+what was alive at the peak (:mod:`.timeline`), a matplotlib chart (:mod:`.plot`), an export
+for PyTorch's memory visualiser (:mod:`gpumagic.memory.census.viz`), and the report
+(``_repr_mimebundle_``: :mod:`gpumagic.render.memtrace`)."""
 
 from __future__ import annotations
 
@@ -9,41 +12,21 @@ from typing import TYPE_CHECKING, Any
 
 from gpumagic.cell import Statement
 from gpumagic.device_kinds import CUDA
-from gpumagic.memory.categories import CATEGORIES, COLUMNS
-from gpumagic.memory.device import TracedDevice
-from gpumagic.memory.ledger import EventLog
-from gpumagic.memory.oom import OomReport
-from gpumagic.memory.timeline import AtPeak, at_peak_of, timeline_frame
+from gpumagic.memory.census.ledger import EventLog
+from gpumagic.memory.trace.device import TracedDevice
+from gpumagic.memory.trace.lines import MEASURED, lines_frame
+from gpumagic.memory.trace.oom.model import OomReport
+from gpumagic.memory.trace.plot import plot_memory
+from gpumagic.memory.trace.timeline import AtPeak, at_peak_of, timeline_frame
 from gpumagic.render.html import Rendered
 from gpumagic.units import fmt_count, fmt_us
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from gpumagic.memory.tracer import Categories, PeakMoment, Point, TraceTotals
+    from gpumagic.memory.trace.tracer import Categories, PeakMoment, Point, TraceTotals
     from gpumagic.render.sections import Report
 
-LINE_COLUMNS = [
-    "line",
-    "source",
-    "hits",
-    "delta_bytes",
-    "peak_bytes",
-    "allocated_bytes",
-    "reserved_bytes",
-    "host_delta_bytes",
-    "host_peak_bytes",
-    "host_bytes",
-    "time_us",
-    "depth",
-    "kind",
-    "delta_per_hit_bytes",
-]
-# Without the tensor census (--no-tensors): who owns what after the statement, from a walk
-# over the namespace's models and optimizers; "other" is the rest of the traced total.
-BREAKDOWN_COLUMNS = ["params_bytes", "grads_bytes", "optimizer_bytes", "other_bytes"]
-# With it: every category (gpumagic.memory.categories), adding up to allocated_bytes.
-CATEGORY_COLUMNS = list(COLUMNS)
 # How many statements the table highlights as the heaviest.
 HOT_ROWS = 3
 
@@ -70,7 +53,6 @@ class MemTrace(Rendered):
     host_peak: list[int]
     host_after: list[int]
     time_ns: list[int]
-    parts: list[tuple[int, int, int] | None]
     initial: int
     final: int
     cell_peak: int
@@ -79,7 +61,7 @@ class MemTrace(Rendered):
     host_final: int
     host_cell_peak: int
     elapsed_ns: int
-    points: list[Point]  # the tracer's timeline: see gpumagic.memory.tracer.Point
+    points: list[Point]  # the tracer's timeline: see gpumagic.memory.trace.tracer.Point
     host_method: str = ""
     error_index: int = -1  # statement that raised, -1 if the cell completed
     error: str = ""  # "ZeroDivisionError: division by zero"
@@ -123,7 +105,6 @@ class MemTrace(Rendered):
             host_peak=list(totals.host_peak),
             host_after=list(totals.host_after),
             time_ns=list(totals.time_ns),
-            parts=list(totals.parts),
             initial=totals.initial,
             final=totals.final,
             cell_peak=totals.cell_peak,
@@ -149,11 +130,6 @@ class MemTrace(Rendered):
 
     # -- data ----------------------------------------------------------------------------------
     @property
-    def has_breakdown(self) -> bool:
-        """The owners' walk of ``--no-tensors`` (params, grads, optimizer, other)."""
-        return not self.has_categories and any(p is not None for p in self.parts)
-
-    @property
     def has_categories(self) -> bool:
         """The tensor census ran: every row has its bytes by category."""
         return any(c is not None for c in self.categories)
@@ -167,14 +143,14 @@ class MemTrace(Rendered):
     @property
     def timeline(self) -> pd.DataFrame:
         """Memory over the cell by category, one row per point and category (see
-        :func:`gpumagic.memory.timeline.timeline_frame`)."""
+        :func:`gpumagic.memory.trace.timeline.timeline_frame`)."""
         return timeline_frame(self.points, self.statements)
 
     def export_memory_viz(self, path: str | Path) -> Path:
         """Write the cell's allocations and frees for PyTorch's memory visualiser: a
         ``.pickle`` for https://pytorch.org/memory_viz, or an ``.html`` page (see
-        :mod:`gpumagic.memory.viz`). Needs the tensor census."""
-        from gpumagic.memory.viz import memory_viz_snapshot, write_memory_viz
+        :mod:`gpumagic.memory.census.viz`). Needs the tensor census."""
+        from gpumagic.memory.census.viz import memory_viz_snapshot, write_memory_viz
 
         if self.events is None:
             raise ValueError(
@@ -222,56 +198,26 @@ class MemTrace(Rendered):
 
     @property
     def lines(self) -> pd.DataFrame:
-        """One row per statement that ran (hits > 0), in the cell's order."""
+        """One row per statement that ran (hits > 0), in the cell's order (see
+        :mod:`gpumagic.memory.trace.lines`)."""
         if self._lines is None:
-            import pandas as pd
-
-            rows = []
-            for s in self.statements:
-                i = s.index
-                if self.hits[i] == 0:
-                    continue
-                row: dict[str, Any] = {
-                    "line": s.line,
-                    "source": s.source,
-                    "hits": self.hits[i],
-                    "delta_bytes": self.delta[i],
-                    "peak_bytes": self.peak[i],
-                    "allocated_bytes": self.after[i],
-                    "reserved_bytes": self.reserved_after[i],
-                    "host_delta_bytes": self.host_delta[i],
-                    "host_peak_bytes": self.host_peak[i],
-                    "host_bytes": self.host_after[i],
-                    "time_us": self.time_ns[i] / 1000.0,
-                    "depth": s.depth,
-                    "kind": s.kind,
-                    "delta_per_hit_bytes": round(self.delta[i] / self.hits[i]),
-                }
-                if self.has_categories:
-                    cats = self.categories[i]
-                    row.update(zip(CATEGORY_COLUMNS, cats or (None,) * len(CATEGORY_COLUMNS)))
-                elif self.has_breakdown:
-                    p = self.parts[i]
-                    if p is None:
-                        row.update(dict.fromkeys(BREAKDOWN_COLUMNS))
-                    else:
-                        other = max(self.after[i] - sum(p), 0)
-                        row.update(zip(BREAKDOWN_COLUMNS, (*p, other)))
-                row["failed"] = i == self.error_index
-                rows.append(row)
-            extra = (
-                CATEGORY_COLUMNS
-                if self.has_categories
-                else BREAKDOWN_COLUMNS if self.has_breakdown else []
+            measured = (
+                self.hits,
+                self.delta,
+                self.peak,
+                self.after,
+                self.reserved_after,
+                self.host_delta,
+                self.host_peak,
+                self.host_after,
             )
-            columns = LINE_COLUMNS + extra + ["failed"]
-            df = pd.DataFrame(rows, columns=columns)
-            for c in df.columns:
-                if c.endswith("_bytes") and c not in extra:
-                    df[c] = df[c].astype("int64")
-            if self.has_categories and all(c is not None for c in self._ran_categories()):
-                df[extra] = df[extra].astype("int64")
-            self._lines = df
+            self._lines = lines_frame(
+                self.statements,
+                dict(zip(MEASURED, measured)),
+                self.time_ns,
+                self.categories,
+                self.error_index,
+            )
         return self._lines
 
     @property
@@ -286,9 +232,6 @@ class MemTrace(Rendered):
         hot = self._hot()
         return [s.index in hot for s in self._ran()]
 
-    def _ran_categories(self) -> list[Categories | None]:
-        return [self.categories[s.index] for s in self._ran()]
-
     def _ran(self) -> list[Statement]:
         return [s for s in self.statements if self.hits[s.index] > 0]
 
@@ -301,47 +244,11 @@ class MemTrace(Rendered):
         hot |= {s.index for s in by_delta if self.delta[s.index] >= floor}
         return hot
 
-    # -- plot ------------------------------------------------------------------------------------
     def plot(self, ax: Any = None) -> Any:
         """Allocated memory over the statements as they ran (matplotlib), stacked by category
-        when the tensor census ran. Returns the Axes."""
-        import matplotlib.pyplot as plt
-
-        if ax is None:
-            _, ax = plt.subplots(figsize=(8, 3))
-        points = self.points
-        xs = list(range(len(points)))
-        cur = [p[1] / 2**20 for p in points]
-        peaks = [p[3] / 2**20 for p in points]
-        ax.step(xs, cur, where="post", label="allocated after statement", color="#3b7dd8")
-        ax.plot(xs, peaks, ".", markersize=3, label="peak within statement", color="#f0ad4e")
-        if self.has_categories:
-            from gpumagic.render.memchart import CATEGORY_COLORS
-
-            stacks = [
-                [(p[4][c] if p[4] is not None else 0) / 2**20 for p in points]
-                for c in range(len(CATEGORIES))
-            ]
-            ax.stackplot(
-                xs, *stacks, labels=CATEGORIES, colors=CATEGORY_COLORS, alpha=0.5, step="post"
-            )
-        ax.set_xlabel("statement executions, in order")
-        ax.set_ylabel("MiB")
-        ax.set_title(f"%%memtrace: {self.device.label}")
-        lines_by_index = {s.index: s.line for s in self.statements}
-        top = sorted(range(1, len(points)), key=lambda k: -points[k][3])[:3]
-        for k in top:
-            idx = points[k][2]
-            if idx in lines_by_index:
-                ax.annotate(
-                    f"line {lines_by_index[idx]}",
-                    (k, peaks[k]),
-                    fontsize=8,
-                    textcoords="offset points",
-                    xytext=(2, 4),
-                )
-        ax.legend(loc="best", fontsize=7)
-        return ax
+        when the tensor census ran (see :mod:`gpumagic.memory.trace.plot`). Returns the Axes."""
+        title = f"%%memtrace: {self.device.label}"
+        return plot_memory(self.points, self.statements, title, self.has_categories, ax)
 
     # -- display (gpumagic.render.memtrace) -------------------------------------------------------
     def _report(self) -> Report:

@@ -19,14 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from gpumagic.cell import Statement
-from gpumagic.memory.categories import CATEGORIES
-from gpumagic.memory.ledger import EARLIER, PENDING, EventLog, Record
+from gpumagic.memory.census.categories import NAMES, TEMPORARIES
+from gpumagic.memory.census.ledger import EARLIER, PENDING, EventLog, Record
 
 __all__ = ["memory_viz_snapshot", "write_memory_viz"]
 
 
 def _category(rec: Record) -> str:
-    return CATEGORIES[rec.cat] if rec.cat < PENDING else "temporaries"
+    return NAMES[rec.cat if rec.cat < PENDING else TEMPORARIES]
 
 
 def memory_viz_snapshot(

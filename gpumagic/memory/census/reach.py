@@ -1,79 +1,78 @@
-"""What the user's namespace reaches, read so that no user object breaks the magic: names
-are looked up with ``type()`` (``isinstance`` asks the object's ``__class__``, which a lazy
-proxy may make raise), containers one level deep and only when small.
+"""What the census reaches: the tensors the user's namespace names (a name, or an item of a
+small container), its models and optimizers, the tensors inside an optimizer's state or an
+operation's arguments, and those the autograd graphs keep for backward. The namespace is
+read by :mod:`gpumagic.namespace`'s rules (types by ``type()``, no user code run, IPython's
+names left out, containers one level deep and only when small).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 
+from gpumagic.namespace import history, is_a, small_values, user_items
+
 __all__ = [
-    "CONTAINER_MAX",
     "history",
     "models_in",
     "named_values",
     "saved_by_graphs",
+    "storage_of",
     "tensors_in",
     "user_items",
 ]
 
-# Containers the namespace scan looks into (one level, as the out-of-memory report does).
-CONTAINER_MAX = 64
 # The autograd graphs found at the start are walked up to this many nodes in all.
 _GRAPH_NODES_MAX = 20_000
-_SKIPPED_NAMES = frozenset(("In", "Out", "exit", "quit", "get_ipython"))
 _Tensor = torch.Tensor
 
 
-
-def user_items(namespace: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
-    """The user's names (not IPython's history, not private names)."""
-    for name, value in list(namespace.items()):
-        if name.startswith("_") or name in _SKIPPED_NAMES:
-            continue
-        yield name, value
-
-
-def history(namespace: Mapping[str, Any]) -> Iterator[Any]:
-    """What IPython's output history keeps alive: ``Out`` and ``_``, ``__``, ``___``."""
-    out = namespace.get("Out")
-    if type(out) is dict:
-        yield from list(out.values())
-    for name in ("_", "__", "___"):
-        if name in namespace:
-            yield namespace[name]
-
-
 def named_values(value: Any) -> Iterator[Any]:
-    """The tensors a name holds: itself, or the elements of a small list, tuple or dict."""
-    kind = type(value)  # type() never raises, unlike isinstance on a lazy proxy
-    if issubclass(kind, _Tensor):
+    """The tensors a name holds: itself, or the tensors among a small container's items."""
+    if issubclass(type(value), _Tensor):
         yield value
-    elif kind in (list, tuple) and len(value) <= CONTAINER_MAX:
-        yield from (v for v in value if issubclass(type(v), _Tensor))
-    elif kind is dict and len(value) <= CONTAINER_MAX:
-        yield from (v for v in list(value.values()) if issubclass(type(v), _Tensor))
+    else:
+        yield from (v for v in small_values(value) if issubclass(type(v), _Tensor))
 
 
 def models_in(namespace: Mapping[str, Any], with_names: bool = False) -> tuple[list[Any], list[Any]]:
+    """The models (``nn.Module``) and optimizers the namespace names, with their names if asked."""
     modules: list[Any] = []
     optimizers: list[Any] = []
     module_t, optim_t = torch.nn.Module, torch.optim.Optimizer
     for name, value in user_items(namespace):
-        kind = type(value)
-        if issubclass(kind, module_t):
+        if is_a(value, module_t):
             modules.append((name, value) if with_names else value)
-        elif issubclass(kind, optim_t):
+        elif is_a(value, optim_t):
             optimizers.append((name, value) if with_names else value)
     return modules, optimizers
 
 
-def tensors_in(state: Any) -> Iterable[Any]:
-    values = state.values() if type(state) is dict else ()
-    return [v for v in values if issubclass(type(v), _Tensor)]
+def tensors_in(tree: Any) -> Iterator[Any]:
+    """The tensors in nested lists, tuples and dicts: an optimizer's state for a parameter
+    (``{'step': ..., 'exp_avg': ...}``), an operation's arguments or outputs."""
+    stack = [tree]
+    while stack:
+        x = stack.pop()
+        kind = type(x)
+        if issubclass(kind, _Tensor):
+            yield x
+        elif kind is list or kind is tuple:
+            stack.extend(x)
+        elif issubclass(kind, (list, tuple)):  # torch.return_types, a namedtuple
+            stack.extend((list if issubclass(kind, list) else tuple).__iter__(x))
+        elif issubclass(kind, dict):
+            stack.extend(dict.values(x))
+
+
+def storage_of(t: Any) -> Any:
+    """``t``'s untyped storage; None for tensors without one (sparse, nested, opaque)."""
+    try:
+        return t.untyped_storage()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
 
 
 _saved_names: dict[type, tuple[str, ...]] = {}

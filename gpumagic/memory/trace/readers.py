@@ -1,7 +1,11 @@
-"""Reading memory at statement boundaries: the host's RSS and the CUDA caching allocator.
+"""The readers ``%%memtrace`` reads memory with at statement boundaries: the host's RSS
+(:class:`HostMemory`), the CUDA caching allocator (:class:`CudaMemory`) and, on the CPU, the
+tensor census's running total (:class:`TensorMemory`).
 
-Both readers answer the same two questions cheaply, many thousand times per second:
-"how much is in use now" and "what was the highest use since my last reset".
+Each answers the same two questions cheaply, many thousand times per second:
+"how much is in use now" and "what was the highest use since my last reset"
+(:class:`Reader`). A "probe" is something else: the call before each statement
+(:mod:`gpumagic.instrument`), which the tracer answers by reading its readers.
 
 Host: Linux keeps the peak RSS (``VmHWM``) and lets a process reset it to the current
 RSS by writing ``5`` to ``/proc/self/clear_refs``; reading ``VmRSS`` and ``VmHWM`` from
@@ -38,7 +42,12 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+from gpumagic.cell import error_text
+
+if TYPE_CHECKING:
+    from gpumagic.memory.census.tracker import TensorTracker
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -81,7 +90,7 @@ class HostMemory:
                 self.why = "exact peaks from VmHWM after resetting it through /proc/self/clear_refs"
             except (OSError, ValueError) as exc:
                 self._close_fds()
-                self.why = f"peak-RSS reset unavailable ({exc.__class__.__name__}: {exc}); peaks sampled every 1 ms"
+                self.why = f"peak-RSS reset unavailable ({error_text(exc)}); peaks sampled every 1 ms"
             except BaseException:  # interrupted: nobody holds this object yet to close it
                 self._close_fds()
                 raise
@@ -227,6 +236,22 @@ class CudaMemory:
             return None
 
     def close(self) -> None:
+        pass
+
+
+class TensorMemory:
+    """The CPU's tensor bytes as the tracer's reader: the census's running total and the open
+    statement's peak (:class:`gpumagic.memory.census.tracker.TensorTracker`). The peak
+    restarts when the census settles a statement, which the tracer does at every boundary."""
+
+    def __init__(self, tracker: TensorTracker) -> None:
+        self.tracker = tracker
+
+    def read(self) -> Reading:
+        ledger = self.tracker.ledger
+        return Reading(ledger.current, max(ledger.peak, ledger.current), ledger.current)
+
+    def reset_peak(self) -> None:
         pass
 
 

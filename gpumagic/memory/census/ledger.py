@@ -1,5 +1,5 @@
 """The running account of tensor bytes by category: pure Python, fed by
-:mod:`gpumagic.memory.tensors` (real tensors for ``%%memtrace``, fake ones for a dry run).
+:mod:`gpumagic.memory.census.tracker` (real tensors for ``%%memtrace``, fake ones for a dry run).
 
 Every storage the tracker sees is a :class:`Record`: its size, its category, the module that
 made it and how it was made. The ledger keeps, at every instant, the bytes alive by category
@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpumagic.memory.categories import ACTIVATIONS, CATEGORIES, TEMPORARIES
+from gpumagic.memory.census.categories import ACTIVATIONS, NAMES, TEMPORARIES
 
 __all__ = [
     "BACKWARD",
@@ -55,7 +55,7 @@ EARLIER = 4  # alive when tracking started
 # Not yet classified: made in the open statement. Counted apart so that a statement's
 # "after" never shows it, and reported as temporaries where a statement did not end (an
 # error inside it).
-PENDING = len(CATEGORIES)
+PENDING = len(NAMES)
 LOG_MAX = 1 << 20
 # Events kept for a memory-visualiser export (each alloc and free, in order).
 EVENTS_MAX = 1 << 18

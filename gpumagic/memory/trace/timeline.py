@@ -2,7 +2,7 @@
 ``MemTrace.at_peak``.
 
 The tracer keeps one point per statement execution (thinned to at most 4096 for long loops,
-peaks folded in, see :mod:`gpumagic.memory.tracer`): the bytes after the statement by
+peaks folded in, see :mod:`gpumagic.memory.trace.tracer`): the bytes after the statement by
 category, and the highest moment since the previous point with its categories. The
 timeline lists both, in long form (one row per point and category), the shape a stacked
 chart or a ``pivot`` wants.
@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpumagic.cell import Statement
-from gpumagic.memory.categories import ACTIVATIONS, CATEGORIES
+from gpumagic.memory.census.categories import ACTIVATIONS, NAMES
 from gpumagic.units import fmt_bytes
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from gpumagic.memory.tracer import PeakMoment, Point
+    from gpumagic.memory.trace.tracer import PeakMoment, Point
 
 __all__ = ["TIMELINE_COLUMNS", "AtPeak", "at_peak_of", "timeline_frame"]
 
@@ -48,7 +48,7 @@ def timeline_frame(points: Sequence[Point], statements: Sequence[Statement]) -> 
         for point, cats in (("peak", peak), ("after", after)):
             if cats is None:
                 continue
-            rows.extend((t, step, s.line, s.source, point, c, b) for c, b in zip(CATEGORIES, cats))
+            rows.extend((t, step, s.line, s.source, point, c, b) for c, b in zip(NAMES, cats))
     return pd.DataFrame(rows, columns=TIMELINE_COLUMNS)
 
 
@@ -83,7 +83,7 @@ class AtPeak:
 
     @property
     def activations(self) -> int:
-        return self.categories.get(CATEGORIES[ACTIVATIONS], 0)
+        return self.categories.get(NAMES[ACTIVATIONS], 0)
 
     def __repr__(self) -> str:
         cats = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in self.categories.items() if v)
@@ -103,7 +103,7 @@ def _added_up(modules: Mapping[str, int], depth: int) -> dict[str, int]:
 def at_peak_of(
     moment: PeakMoment | None, statements: Sequence[Statement], names: Mapping[int, str]
 ) -> AtPeak | None:
-    """The :class:`AtPeak` of a tracer's :class:`~gpumagic.memory.tracer.PeakMoment`, module
+    """The :class:`AtPeak` of a tracer's :class:`~gpumagic.memory.trace.tracer.PeakMoment`, module
     tokens named (``names``: the census's)."""
     if moment is None:
         return None
@@ -117,6 +117,6 @@ def at_peak_of(
         line=s.line,
         source=s.source,
         hit=moment.hit,
-        categories=dict(zip(CATEGORIES, moment.categories)),
+        categories=dict(zip(NAMES, moment.categories)),
         modules=dict(sorted(modules.items(), key=lambda kv: -kv[1])),
     )

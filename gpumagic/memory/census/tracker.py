@@ -20,9 +20,9 @@ Why a dispatch mode, measured on this machine (torch 2.13 CPU build, 2 shared co
   for gradient computation has been modified by an inplace operation", an output saved by
   its own op is never freed (the hook's reference closes a cycle through C++), and
   ``torch.func.grad`` refuses to run. A cell must behave as without the magic, so activations
-  are told by how a tensor was made and what holds it (:mod:`gpumagic.memory.categories`).
+  are told by how a tensor was made and what holds it (:mod:`gpumagic.memory.census.categories`).
 
-The cell behaves as without the magic (:mod:`gpumagic.memory.dispatch` says how for the
+The cell behaves as without the magic (:mod:`gpumagic.memory.census.dispatch` says how for the
 mode); the optimizer hooks are global, present only while the cell runs, and do nothing
 while Dynamo traces (``torch.compiler.is_compiling()``); which module made a tensor is read
 off the Python stack, not from module hooks (:meth:`TensorTracker._running_module` says
@@ -40,13 +40,14 @@ from __future__ import annotations
 import sys
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import FrameType
 from typing import Any
 
 import torch
 
-from gpumagic.memory.categories import (
+from gpumagic.cell import error_text
+from gpumagic.memory.census.categories import (
     ACTIVATIONS,
     GRADIENTS,
     INPUTS,
@@ -54,13 +55,13 @@ from gpumagic.memory.categories import (
     OTHER,
     PARAMETERS,
 )
-from gpumagic.memory.dispatch import (
+from gpumagic.memory.census.dispatch import (
     StorageMode,
     drop_own_frames,
     leave_mode,
     skip_in_dynamo,
 )
-from gpumagic.memory.ledger import (
+from gpumagic.memory.census.ledger import (
     BACKWARD,
     EARLIER,
     FORWARD,
@@ -72,9 +73,7 @@ from gpumagic.memory.ledger import (
     Record,
     Settled,
 )
-from gpumagic.memory.probes import Reading
-from gpumagic.memory.reach import (
-    CONTAINER_MAX,
+from gpumagic.memory.census.reach import (
     history,
     models_in,
     named_values,
@@ -82,8 +81,14 @@ from gpumagic.memory.reach import (
     tensors_in,
     user_items,
 )
+from gpumagic.namespace import module_tensors, small_values, submodules
 
-__all__ = ["TensorMemory", "TensorTracker", "drop_own_frames", "on_cpu"]
+__all__ = ["CUDA_ROUNDING", "TensorTracker", "drop_own_frames", "on_cpu"]
+
+# The CUDA caching allocator hands out multiples of 512 bytes (kMinBlockSize in
+# c10/cuda/CUDACachingAllocator.cpp): the census rounds each storage as it does when it
+# counts CUDA's memory (``rounding``), for %%memtrace on a GPU and for a dry run alike.
+CUDA_ROUNDING = 512
 
 # The walk over models and optimizers (parameters, gradients, state) on every statement that
 # leaves new tensors behind, except that a statement run again (a loop) does it at most this
@@ -111,7 +116,7 @@ class TensorTracker:
     """Every storage on one device, from the moment it is made to its free, by category.
 
     ``namespace``: the user's namespace (names, models, optimizers). ``keep``: a predicate on
-    tensors, the traced device (:func:`gpumagic.memory.device.tensor_filter`). ``rounding``:
+    tensors, the traced device (:func:`gpumagic.memory.trace.device.tensor_filter`). ``rounding``:
     the allocator's granularity (CUDA's caching allocator hands out multiples of 512 bytes;
     1 on the CPU). ``tensor_type``: the tensors counted (plain ``torch.Tensor``; a dry run
     passes ``FakeTensor``), subclasses' own wrappers being no memory of their own.
@@ -204,7 +209,7 @@ class TensorTracker:
         """The tracker's own code failed: stop tracking, keep the reason for the report."""
         self.active = False
         statement = self.ledger.statement
-        self.errors.append(f"{type(exc).__name__}: {exc}"[:300] + f" (statement {statement})")
+        self.errors.append(f"{error_text(exc)} (statement {statement})")
 
     # -- the hot path: an op's outputs ---------------------------------------------------------
     def see(self, t: Any, fresh: bool) -> None:
@@ -378,7 +383,7 @@ class TensorTracker:
 
     def _classify(self, survivors: list[Record]) -> None:
         """Categories for the storages a statement left alive (see
-        :mod:`gpumagic.memory.categories`): models and optimizers first, then names, then
+        :mod:`gpumagic.memory.census.categories`): models and optimizers first, then names, then
         how each was made."""
         named, new_objects = self._scan_namespace()
         statement = self.ledger.statement
@@ -419,18 +424,12 @@ class TensorTracker:
             kind = type(value)
             if issubclass(kind, _Tensor):
                 self._name_tensor(value, named)
-            elif kind is list or kind is tuple:
-                if len(value) <= CONTAINER_MAX:
-                    for v in value:
-                        if issubclass(type(v), _Tensor):
-                            self._name_tensor(v, named)
-            elif kind is dict:
-                if len(value) <= CONTAINER_MAX:
-                    for v in list(value.values()):
-                        if issubclass(type(v), _Tensor):
-                            self._name_tensor(v, named)
-            elif issubclass(kind, (module_t, optim_t)) and id(value) not in self._known_models:
-                new_objects = True
+            elif issubclass(kind, (module_t, optim_t)):
+                new_objects = new_objects or id(value) not in self._known_models
+            else:
+                for v in small_values(value):
+                    if issubclass(type(v), _Tensor):
+                        self._name_tensor(v, named)
         return named, new_objects
 
     def _name_tensor(self, t: Any, named: set[int]) -> None:
@@ -443,49 +442,39 @@ class TensorTracker:
         """Parameters, buffers, gradients and optimizer state of every model and optimizer
         the namespace names or the cell stepped: each becomes its category."""
         classify = self._classify_tensor
+        for t, cat in self._model_tensors():
+            classify(t, cat)
+
+    def _model_tensors(self) -> Iterator[tuple[Any, int]]:
+        """(tensor, category) for the parameters, buffers, gradients and optimizer state of
+        the models and optimizers the namespace names (or the census was given), and of the
+        optimizers the cell stepped. A model's tensors are read from its modules' tables
+        (:func:`gpumagic.namespace.module_tensors`): no method of the user's model runs."""
         modules, optimizers = self.reached_models()
         self._known_models = {id(m) for m in (*modules, *optimizers)}
         for ref in self._optimizers:
             opt = ref()
             if opt is not None and id(opt) not in self._known_models:
                 optimizers.append(opt)
-        params: list[Any] = []
         for m in modules:
-            for p in m.parameters():
-                params.append(p)
-            for b in m.buffers():
-                classify(b, PARAMETERS)
-        for opt in optimizers:
-            for group in opt.param_groups:
-                params.extend(group["params"])
-            for state in list(opt.state.values()):
-                for t in tensors_in(state):
-                    classify(t, OPTIMIZER)
-        for p in params:
-            classify(p, PARAMETERS)
-            if p.grad is not None:
-                classify(p.grad, GRADIENTS)
-
-    # -- what was alive at the start -----------------------------------------------------------
-    def _register_existing(self) -> None:
-        modules, optimizers = self.reached_models()
-        self._known_models = {id(m) for m in (*modules, *optimizers)}
-        for m in modules:
-            for p in m.parameters():
-                self._existing(p, PARAMETERS)
-                if p.grad is not None:
-                    self._existing(p.grad, GRADIENTS)
-            for b in m.buffers():
-                self._existing(b, PARAMETERS)
+            for _name, role, t in module_tensors(m):
+                yield t, PARAMETERS
+                if role == "parameter" and t.grad is not None:
+                    yield t.grad, GRADIENTS
         for opt in optimizers:
             for group in opt.param_groups:
                 for p in group["params"]:
-                    self._existing(p, PARAMETERS)
+                    yield p, PARAMETERS
                     if p.grad is not None:
-                        self._existing(p.grad, GRADIENTS)
+                        yield p.grad, GRADIENTS
             for state in list(opt.state.values()):
                 for t in tensors_in(state):
-                    self._existing(t, OPTIMIZER)
+                    yield t, OPTIMIZER
+
+    # -- what was alive at the start -----------------------------------------------------------
+    def _register_existing(self) -> None:
+        for t, cat in self._model_tensors():
+            self._existing(t, cat)
         roots: list[Any] = []
         for _name, value in user_items(self.namespace):
             for t in named_values(value):
@@ -532,7 +521,7 @@ class TensorTracker:
         modules, _ = self.reached_models(with_names=True)
         for name, module in modules:
             try:
-                for sub, child in module.named_modules():
+                for sub, child in submodules(module):
                     token = self._module_ids.get(id(child))
                     if token is not None and token not in names:
                         ref = self._module_refs.get(token)
@@ -544,18 +533,3 @@ class TensorTracker:
             names.setdefault(token, f"{cls} (no name reaches it)")
         return names
 
-
-class TensorMemory:
-    """The CPU's tensor bytes as the tracer's reader (:class:`gpumagic.memory.probes.Reader`):
-    the census's running total and the open statement's peak. The peak restarts when the
-    census settles a statement, which the tracer does at every boundary."""
-
-    def __init__(self, tracker: TensorTracker) -> None:
-        self.tracker = tracker
-
-    def read(self) -> Reading:
-        ledger = self.tracker.ledger
-        return Reading(ledger.current, max(ledger.peak, ledger.current), ledger.current)
-
-    def reset_peak(self) -> None:
-        pass

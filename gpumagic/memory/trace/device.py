@@ -3,7 +3,7 @@ which tensors are on it.
 
 Two kinds (:mod:`gpumagic.device_kinds`): a CUDA device, read through the caching
 allocator's counters, or the host. On the host the bytes are the CPU's tensors, counted by
-the tensor census (:mod:`gpumagic.memory.tensors`); without torch, or with ``--no-tensors``,
+the tensor census (:mod:`gpumagic.memory.census.tracker`); without torch, or with ``--no-tensors``,
 the process's RSS, which counts pages (library code paged in, freed blocks glibc keeps), not
 tensors.
 
@@ -24,8 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpumagic.cell import error_text
 from gpumagic.device_kinds import CUDA, HOST, DeviceKind
-from gpumagic.memory.probes import CudaMemory
+from gpumagic.memory.trace.readers import CudaMemory
 
 __all__ = [
     "DeviceError",
@@ -122,7 +123,7 @@ def resolve_device(spec: str | None) -> tuple[TracedDevice, CudaMemory | None]:
         try:
             return _cuda_device(CUDA, torch)
         except Exception as exc:  # e.g. a broken driver behind PYTORCH_NVML_BASED_CUDA_CHECK=1
-            why = f"CUDA is available but unusable ({type(exc).__name__}: {exc}): host RSS"
+            why = f"CUDA is available but unusable ({error_text(exc)}): host RSS"
             return TracedDevice(HOST, "host RSS", why), None
     if choice.startswith(CUDA):
         index_text = choice[5:] if choice.startswith("cuda:") else ""
@@ -138,7 +139,7 @@ def resolve_device(spec: str | None) -> tuple[TracedDevice, CudaMemory | None]:
             raise
         except Exception as exc:
             raise DeviceError(
-                f"device {spec!r} is unusable: {type(exc).__name__}: {exc}"
+                f"device {spec!r} is unusable: {error_text(exc)}"
             ) from None
     if choice not in ("", "auto", HOST, "cpu"):
         raise _unknown(spec)
