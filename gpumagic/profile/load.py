@@ -9,8 +9,8 @@ from typing import Any
 
 from gpumagic.profile.ranks import LoadOptions, Rank, analyse_file, number_ranks, reduce_ranks
 from gpumagic.profile.result import ProfileResult
-from gpumagic.profile.trace.decode import trace_files
 from gpumagic.profile.trace.errors import TraceError
+from gpumagic.profile.trace.files import trace_files
 from gpumagic.profile.trace.session import LiveState
 from gpumagic.profile.trace.spans import CodeLabels
 

@@ -4,6 +4,8 @@
   sync and memory events, the GPUs' properties);
 * :mod:`.decode` - reading a Chrome trace file (plain or gzip, old and new Kineto schemas,
   CUDA and ROCm) into that model: :func:`read_trace`, :func:`decode_trace`;
+* :mod:`.files` - which files a folder of ranks holds, a file's JSON text (gzip inflated),
+  and reading one ahead in a thread (:func:`read_ahead`);
 * :mod:`.args` - the events' ``args``, decoded per kind in one batch;
 * :mod:`.spans` - the cell's statement ranges and ``nn.Module`` spans, and their labels;
 * :mod:`.session` - facts about the session a trace cannot show (:class:`LiveState`);
@@ -20,8 +22,8 @@ _LAZY = {
     "DeviceProperties": ("gpumagic.profile.trace.model", "DeviceProperties"),
     "decode_trace": ("gpumagic.profile.trace.decode", "decode_trace"),
     "read_trace": ("gpumagic.profile.trace.decode", "read_trace"),
-    "read_trace_bytes": ("gpumagic.profile.trace.decode", "read_trace_bytes"),
-    "trace_files": ("gpumagic.profile.trace.decode", "trace_files"),
+    "read_trace_bytes": ("gpumagic.profile.trace.files", "read_trace_bytes"),
+    "trace_files": ("gpumagic.profile.trace.files", "trace_files"),
     "CodeLabels": ("gpumagic.profile.trace.spans", "CodeLabels"),
     "CodeSpans": ("gpumagic.profile.trace.spans", "CodeSpans"),
     "LiveState": ("gpumagic.profile.trace.session", "LiveState"),
