@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import tempfile
-from concurrent.futures import Executor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpumagic.profile.ranks import LoadOptions, Rank, analyse_file, number_ranks, reduce_ranks
 from gpumagic.profile.result import ProfileResult
@@ -13,6 +12,9 @@ from gpumagic.profile.trace.errors import TraceError
 from gpumagic.profile.trace.files import trace_files
 from gpumagic.profile.trace.session import LiveState
 from gpumagic.profile.trace.spans import CodeLabels
+
+if TYPE_CHECKING:
+    from concurrent.futures import Executor
 
 
 def load_trace(

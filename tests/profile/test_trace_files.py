@@ -86,3 +86,20 @@ def test_analyze_prints_the_report_load_trace_gives():
         cwd=REPO,
     ).stdout
     assert out == load_trace(path).to_text(rows=10) + "\n"
+
+
+def test_analyze_of_one_file_imports_no_process_pool():
+    # a folder's ranks go to a process pool; one file's report needs none of it (issue 27:
+    # imports paid only for what a report needs)
+    code = (
+        "import contextlib, io, sys\n"
+        "from gpumagic.profile.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    assert main([{str(trace_path('cpu_only.json.gz'))!r}]) == 0\n"
+        "print(sorted(m for m in ('multiprocessing', 'concurrent.futures.process') "
+        "if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
+    )
+    assert out.stdout.strip() == "[]"
