@@ -4,11 +4,7 @@ same errors whichever reads it (issue 27: the speed of `gpumagic analyze`)."""
 from __future__ import annotations
 
 import gzip
-import subprocess
-import sys
-import threading
 import zlib
-from pathlib import Path
 
 import pytest
 from profile_helpers import trace_path
@@ -16,8 +12,6 @@ from profile_helpers import trace_path
 from gpumagic.profile import TraceError
 from gpumagic.profile.trace import files
 from gpumagic.profile.trace.files import read_ahead, read_trace_bytes
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_file_read_ahead_is_read_once_and_handed_to_the_next_read(tmp_path):
@@ -56,50 +50,3 @@ def test_isal_inflates_to_zlibs_bytes_or_leaves_the_file_to_zlib(tmp_path):
     corrupt[20:40] = b"\x00" * 20
     for bad in (data[: len(data) // 2], b"\x1f\x8bgarbage", bytes(corrupt)):
         assert files._inflate_fast(bad) is None
-
-
-def test_analyze_reads_the_file_in_a_thread_while_it_imports(monkeypatch, capsys):
-    from gpumagic.profile import cli
-
-    readers = []
-    read = files._read
-
-    def spy(path: Path) -> bytes:
-        readers.append(threading.current_thread().name)
-        return read(path)
-
-    monkeypatch.setattr(files, "_read", spy)
-    assert cli.main([str(trace_path("cpu_only.json.gz"))]) == 0
-    assert readers == ["gpumagic-read-ahead"]
-    assert "%%gpuprofile: cpu_only.json.gz" in capsys.readouterr().out
-
-
-def test_analyze_prints_the_report_load_trace_gives():
-    from gpumagic.profile.load import load_trace
-
-    path = trace_path("v100_training_5steps.json.gz")
-    out = subprocess.run(
-        [sys.executable, "-m", "gpumagic", "analyze", str(path)],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=REPO,
-    ).stdout
-    assert out == load_trace(path).to_text(rows=10) + "\n"
-
-
-def test_analyze_of_one_file_imports_no_process_pool():
-    # a folder's ranks go to a process pool; one file's report needs none of it (issue 27:
-    # imports paid only for what a report needs)
-    code = (
-        "import contextlib, io, sys\n"
-        "from gpumagic.profile.cli import main\n"
-        "with contextlib.redirect_stdout(io.StringIO()):\n"
-        f"    assert main([{str(trace_path('cpu_only.json.gz'))!r}]) == 0\n"
-        "print(sorted(m for m in ('multiprocessing', 'concurrent.futures.process') "
-        "if m in sys.modules))\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
-    )
-    assert out.stdout.strip() == "[]"
