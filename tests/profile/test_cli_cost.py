@@ -48,16 +48,18 @@ def test_analyze_prints_the_report_load_trace_gives():
     assert out == load_trace(path).to_text(rows=10) + "\n"
 
 
-def test_analyze_of_one_file_imports_no_process_pool():
-    # a folder's ranks go to a process pool; one file's report needs none of it (issue 27:
-    # imports paid only for what a report needs)
+def test_analyze_of_one_file_imports_no_process_pool_nor_package_metadata():
+    # a folder's ranks go to a process pool; one file's report needs none of it, and reads
+    # torch's version from its version.py (issue 27: imports paid only for what a report needs)
     code = (
         "import contextlib, io, sys\n"
         "from gpumagic.profile.cli import main\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
         f"    assert main([{str(trace_path('cpu_only.json.gz'))!r}]) == 0\n"
-        "print(sorted(m for m in ('multiprocessing', 'concurrent.futures.process') "
-        "if m in sys.modules))\n"
+        "from gpumagic.profile.rules.base import installed_torch\n"
+        "assert installed_torch() is not None\n"
+        "print(sorted(m for m in ('multiprocessing', 'concurrent.futures.process', "
+        "'importlib.metadata') if m in sys.modules))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
@@ -82,3 +84,23 @@ def test_the_command_skips_the_collector_at_exit_and_main_does_not(monkeypatch, 
         command.run()
     assert exit_.value.code == 1
     assert "%%gpuprofile: cpu_only.json.gz" in capsys.readouterr().out
+
+
+def test_torch_version_from_its_version_file_or_its_metadata(monkeypatch, tmp_path):
+    import importlib.metadata
+    import importlib.util
+
+    from gpumagic.profile.rules import base
+
+    major, minor = importlib.metadata.version("torch").split(".")[:2]
+    base.installed_torch.cache_clear()
+    assert base.installed_torch() == (int(major), int(minor))
+    # a torch whose version.py cannot be read: its metadata says
+    spec = importlib.util.spec_from_file_location("torch", tmp_path / "torch" / "__init__.py")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec)
+    base.installed_torch.cache_clear()
+    assert base.installed_torch() == (int(major), int(minor))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # no torch at all
+    base.installed_torch.cache_clear()
+    assert base.installed_torch() is None
+    base.installed_torch.cache_clear()
