@@ -1,20 +1,33 @@
 """Trace analysis speed and memory, as ratios against Holistic Trace Analysis in the same run.
 
-1. The two ResNet-50 traces (~75k events each): our load + full analysis (summary,
-   breakdown, steps, operators, kernels, idle time, findings) against HTA's
-   ``TraceAnalysis(trace_dir)`` + ``get_temporal_breakdown`` + ``get_idle_time_breakdown``
-   on the same file. Both warm (imports done), runs alternating between the two; the ratio
-   of each pair (HTA's time over ours), its spread (min / median / max) over ``--repeats``
-   pairs, and the target against the median: >= 10.
-2. A synthetic trace of 2 million events (Kineto's new schema: operators, launches,
+Issue 27, item 2. The trace is ``a100_training_control.json.gz`` (109k events, the largest
+of the shared traces; ``--traces`` names others), the analyses on each side the same:
+
+1. Warm: in a long-lived interpreter with its imports done, our ``load_trace`` and then
+   ``breakdown``, ``findings``, ``ops``, ``kernels`` and ``idle``, against HTA's
+   ``TraceAnalysis(trace_dir)`` and then ``get_temporal_breakdown``,
+   ``get_idle_time_breakdown`` (every rank the trace holds) and ``get_gpu_kernel_breakdown``.
+   Each side in its own worker process, runs alternating (which goes first alternates
+   too); the ratio of each pair (HTA's time over ours), their spread, and the median with
+   its 95% interval (ratios.py). Target: median >= 10.
+2. Whole process: ``python -m gpumagic analyze TRACE`` (the full text report) against a
+   fresh interpreter that imports HTA and runs the same three analyses, interpreter start
+   and imports included, wall time of each, alternating as above. Both run with bytecode
+   caching on (in a temporary ``PYTHONPYCACHEPREFIX``, filled by a warm-up run of each),
+   as an installed package has its ``.pyc`` files. Target: median >= 5.
+3. A synthetic trace of 2 million events (Kineto's new schema: operators, launches,
    kernels, flow arrows) written to a temporary directory, loaded and analysed in a
    fresh subprocess: time, peak RSS (the child's VmHWM), and peak RSS / file size.
+
+The machine's load average is printed before and after each comparison: on a shared
+machine the pairs' spread, not one timing, says how much to trust a ratio.
 
 HTA is looked for in this interpreter first, then in the interpreter named by
 ``--hta-python`` or ``GPUMAGIC_HTA_PYTHON`` (a separate venv, so its pins never touch
 ours). Without it our numbers are still printed, with how to install it.
 
-    python benchmarks/bench_profile.py [--repeats 7] [--events 2000000] [--hta-python PATH]
+    python benchmarks/bench_profile.py [--pairs 25] [--process-pairs 15] [--events 2000000]
+                                       [--traces NAME ...] [--hta-python PATH]
 """
 
 from __future__ import annotations
@@ -29,11 +42,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ratios import TimingWorker, describe, verdict  # the benchmarks' shared helper
+from ratios import TimingWorker, describe, load_average, verdict  # the benchmarks' shared helper
 
 REPO = Path(__file__).resolve().parents[1]
 # The real traces come the tests' way (../shared/traces, the cache, a mirror or the origin,
@@ -41,34 +56,169 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 from trace_data import TraceUnavailable, fetch  # noqa: E402
 
-RESNET = ["resnet50_v100_num_workers_0.json.gz", "resnet50_v100_num_workers_4.json.gz"]
-TARGET_RATIO = 10.0
-HTA_INSTALL = "pip install HolisticTraceAnalysis  (the 'bench' extra will carry it)"
+TRACES = ["a100_training_control.json.gz"]
+TARGET_WARM = 10.0
+TARGET_PROCESS = 5.0
+HTA_INSTALL = "pip install HolisticTraceAnalysis  (the 'bench' extra carries it)"
 
-# Run by an interpreter that has HTA: a worker that times load + temporal + idle breakdown
-# for each path read from stdin, so its runs can alternate with ours.
-_HTA_WORKER = r"""
-import json, logging, shutil, sys, tempfile, time, warnings
+# HTA's side, as a script: the analyses of a directory of rank traces (HTA reads a
+# directory). Logging off: HTA logs each parse at INFO.
+_HTA_ANALYSES = r"""
+import logging, sys, warnings
 logging.disable(logging.CRITICAL)
 warnings.simplefilter("ignore")
 from hta.trace_analysis import TraceAnalysis
-for line in sys.stdin:
-    path = line.strip()
-    directory = tempfile.mkdtemp()
-    shutil.copy(path, directory)  # HTA reads a directory of per-rank traces
-    t = time.perf_counter()
+
+def analyse(directory):
     analysis = TraceAnalysis(trace_dir=directory)
     analysis.get_temporal_breakdown(visualize=False)
-    analysis.get_idle_time_breakdown(visualize=False)
+    analysis.get_idle_time_breakdown(ranks=list(analysis.t.traces), visualize=False)
+    analysis.get_gpu_kernel_breakdown(visualize=False)
+"""
+
+# A long-lived HTA worker: times the analyses of each path read from stdin (copied into a
+# directory of its own first, outside the timing).
+_HTA_WORKER = (
+    _HTA_ANALYSES
+    + r"""
+import json, shutil, tempfile, time
+for line in sys.stdin:
+    directory = tempfile.mkdtemp()
+    shutil.copy(line.strip(), directory)
+    t = time.perf_counter()
+    analyse(directory)
     seconds = time.perf_counter() - t
     shutil.rmtree(directory)
     print(json.dumps({"seconds": seconds}), flush=True)
 """
+)
+
+_HTA_PROCESS = _HTA_ANALYSES + "analyse(sys.argv[1])\n"
+
+# Our long-lived worker: load + the same analyses, for each path read from stdin.
+_OURS_WORKER = r"""
+import json, sys, time
+from gpumagic.profile.load import load_trace
+for line in sys.stdin:
+    t = time.perf_counter()
+    r = load_trace(line.strip())
+    r.breakdown, r.findings, r.ops, r.kernels, r.idle
+    print(json.dumps({"seconds": time.perf_counter() - t}), flush=True)
+"""
 
 
-def hta_worker(python: str) -> TimingWorker:
-    """A long-lived HTA process (its own interpreter), timed one run at a time."""
-    return TimingWorker([python, "-c", _HTA_WORKER], "HTA worker", stderr=subprocess.DEVNULL)
+def _env(pycache: Path) -> dict[str, str]:
+    """This checkout first on the path; bytecode written to and read from ``pycache``."""
+    env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = str(pycache)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
+
+
+def alternate(
+    first: Callable[[], float], second: Callable[[], float], pairs: int
+) -> tuple[list[float], list[float]]:
+    """``pairs`` timings of each callable, alternating, and which goes first alternating
+    too, so that a drift in the machine's load favours neither (pair i: a[i], b[i])."""
+    a: list[float] = []
+    b: list[float] = []
+    for i in range(pairs):
+        if i % 2:
+            b.append(second())
+            a.append(first())
+        else:
+            a.append(first())
+            b.append(second())
+    return a, b
+
+
+def _report(label: str, ours: list[float], theirs: list[float], target: float) -> bool:
+    """Print the pair ratios (HTA / ours) and the verdict; True when the target is missed."""
+    ratios = [t / o for t, o in zip(theirs, ours)]
+    failed, text = verdict(ratios, target, higher_is_better=True)
+    print(
+        f"  {label}: gpumagic median {statistics.median(ours) * 1000:,.0f} ms, "
+        f"HTA median {statistics.median(theirs) * 1000:,.0f} ms\n"
+        f"    pair ratios (HTA / gpumagic): {describe(ratios, 2)}\n    {text}",
+        flush=True,
+    )
+    return failed
+
+
+def compare_warm(paths: list[Path], pairs: int, python: str | None, env: dict[str, str]) -> int:
+    print(
+        "Warm (imports done): gpumagic load_trace + breakdown, findings, ops, kernels, idle vs "
+        "HTA TraceAnalysis + temporal, idle and kernel breakdowns"
+    )
+    print(f"  {load_average()}")
+    ours = TimingWorker([sys.executable, "-c", _OURS_WORKER], "gpumagic worker", env=env)
+    hta = (
+        TimingWorker([python, "-c", _HTA_WORKER], "HTA worker", env=env, stderr=subprocess.DEVNULL)
+        if python is not None
+        else None
+    )
+    status = 0
+    try:
+        for path in paths:
+            ours.time(path)  # warm-up: first calls, caches
+            if hta is None:
+                times = [ours.time(path) for _ in range(pairs)]
+                print(f"  {path.name}: gpumagic median {statistics.median(times) * 1000:,.0f} ms")
+                continue
+            hta.time(path)
+            a, b = alternate(partial(ours.time, path), partial(hta.time, path), pairs)
+            status |= _report(path.name, a, b, TARGET_WARM)
+    finally:
+        ours.close()
+        if hta is not None:
+            hta.close()
+    print(f"  {load_average()}")
+    return status
+
+
+def _timed_run(argv: list[str], env: dict[str, str]) -> float:
+    t = time.perf_counter()
+    subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - t
+
+
+def compare_process(paths: list[Path], pairs: int, python: str | None, env: dict[str, str]) -> int:
+    print(
+        "Whole process (interpreter start and imports included): `python -m gpumagic analyze "
+        "TRACE` vs a fresh interpreter running HTA's three analyses"
+    )
+    if python is None:
+        print(f"  HTA not found: {HTA_INSTALL}")
+        return 0
+    print(f"  {load_average()}")
+    status = 0
+    for path in paths:
+        directory = Path(tempfile.mkdtemp(prefix="gpumagic-bench-hta-"))
+        try:
+            shutil.copy(path, directory)
+            ours = [sys.executable, "-m", "gpumagic", "analyze", str(path)]
+            theirs = [python, "-c", _HTA_PROCESS, str(directory)]
+            _timed_run(ours, env), _timed_run(theirs, env)  # warm-up: bytecode, page cache
+            a, b = alternate(
+                partial(_timed_run, ours, env), partial(_timed_run, theirs, env), pairs
+            )
+            status |= _report(path.name, a, b, TARGET_PROCESS)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+    print(f"  {load_average()}")
+    return status
+
+
+def _hta_python(explicit: str | None) -> str | None:
+    if importlib.util.find_spec("hta") is not None:
+        return sys.executable
+    candidate = explicit or os.environ.get("GPUMAGIC_HTA_PYTHON")
+    if candidate and Path(candidate).exists():
+        probe = subprocess.run([candidate, "-c", "import hta"], capture_output=True)
+        if probe.returncode == 0:
+            return candidate
+    return None
 
 
 # Run in a fresh interpreter: load + analyse one trace, report time and memory.
@@ -100,50 +250,6 @@ print(json.dumps({
     "steps": r.summary.steps,
 }))
 """
-
-
-def _analyse(path: Path) -> Any:
-    from gpumagic.profile.load import load_trace
-
-    r = load_trace(path)
-    # everything the report shows, so nothing is left lazy
-    r.summary, r.breakdown, r.steps, r.ops, r.kernels, r.idle, r.findings  # noqa: B018
-    return r
-
-
-def time_ours_once(path: Path) -> float:
-    t = time.perf_counter()
-    _analyse(path)
-    return time.perf_counter() - t
-
-
-def compare_with_hta(
-    path: Path, repeats: int, hta: TimingWorker | None
-) -> tuple[list[float], list[float] | None]:
-    """Seconds of ``repeats`` runs each for us and for HTA, alternating so that load from
-    other processes on a shared machine hits both alike (pair i is ours[i], theirs[i]).
-    Both are warmed up first."""
-    _analyse(path)
-    if hta is not None:
-        hta.time(path)
-    ours: list[float] = []
-    theirs: list[float] = []
-    for _ in range(repeats):
-        ours.append(time_ours_once(path))
-        if hta is not None:
-            theirs.append(hta.time(path))
-    return ours, (theirs if hta is not None else None)
-
-
-def _hta_python(explicit: str | None) -> str | None:
-    if importlib.util.find_spec("hta") is not None:
-        return sys.executable
-    candidate = explicit or os.environ.get("GPUMAGIC_HTA_PYTHON")
-    if candidate and Path(candidate).exists():
-        probe = subprocess.run([candidate, "-c", "import hta"], capture_output=True)
-        if probe.returncode == 0:
-            return candidate
-    return None
 
 
 # --- the synthetic trace -------------------------------------------------------------------
@@ -251,42 +357,31 @@ def _mib(n: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=7, help="timed pairs of runs (ours, HTA)")
+    p.add_argument("--pairs", type=int, default=25, help="timed pairs in a warm process")
+    p.add_argument("--process-pairs", type=int, default=15, help="timed pairs of whole processes")
     p.add_argument(
         "--events", type=int, default=2_000_000, help="size of the synthetic trace (0: skip)"
     )
+    p.add_argument("--traces", nargs="+", default=TRACES, metavar="NAME", help="shared traces")
     p.add_argument("--hta-python", help="an interpreter with HolisticTraceAnalysis installed")
     args = p.parse_args(argv)
 
-    status = 0
-    print("Trace analysis: gpumagic load + full analysis vs HTA load + temporal + idle breakdown")
+    paths = []
+    for name in args.traces:
+        try:
+            paths.append(fetch(name))
+        except TraceUnavailable as exc:
+            print(f"  skipped: {exc}")
     python = _hta_python(args.hta_python)
-    hta = hta_worker(python) if python is not None else None
-    if hta is None:
-        print(
-            f"  HTA not found (this interpreter, --hta-python, GPUMAGIC_HTA_PYTHON): {HTA_INSTALL}"
-        )
-    try:
-        for name in RESNET:
-            try:
-                path = fetch(name)
-            except TraceUnavailable as exc:
-                print(f"  skipped: {exc}")
-                continue
-            ours, theirs = compare_with_hta(path, args.repeats, hta)
-            line = f"  {name}: gpumagic median {statistics.median(ours) * 1000:,.0f} ms"
-            if theirs is not None:
-                ratios = [t / o for t, o in zip(theirs, ours)]
-                failed, text = verdict(ratios, TARGET_RATIO, higher_is_better=True)
-                status |= 1 if failed else 0
-                line += (
-                    f", HTA median {statistics.median(theirs) * 1000:,.0f} ms\n"
-                    f"    pair ratios (HTA / gpumagic): {describe(ratios, 1)}\n    {text}"
-                )
-            print(line, flush=True)
-    finally:
-        if hta is not None:
-            hta.close()
+    if python is None:
+        print(f"HTA not found (this interpreter, --hta-python, GPUMAGIC_HTA_PYTHON): {HTA_INSTALL}")
+    status = 0
+    with tempfile.TemporaryDirectory(prefix="gpumagic-bench-pycache-") as pycache:
+        env = _env(Path(pycache))
+        if args.pairs > 0:
+            status |= compare_warm(paths, args.pairs, python, env)
+        if args.process_pairs > 0:
+            status |= compare_process(paths, args.process_pairs, python, env)
 
     if args.events > 0:
         print(f"Synthetic trace of {args.events:,} events (fresh process)")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 import subprocess
 from pathlib import Path
@@ -84,3 +85,12 @@ class TimingWorker:
         if self.proc.stdin is not None:
             self.proc.stdin.close()
         self.proc.wait(timeout=60)
+
+
+def load_average() -> str:
+    """The machine's load average, for the record of a run on a shared machine."""
+    try:
+        one, five, fifteen = os.getloadavg()
+    except OSError:
+        return "load average: unknown"
+    return f"load average {one:.2f} (1 min), {five:.2f} (5 min), {fifteen:.2f} (15 min) on {os.cpu_count()} CPUs"

@@ -9,6 +9,7 @@ in one parser made ``gpumagic --help`` and ``python -m gpumagic analyze -h`` dis
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 from pathlib import Path
@@ -98,5 +99,18 @@ def _dispatch(argv: list[str] | None, prog: str) -> int:
     return analyze(rest, prog=f"{prog} analyze")
 
 
+def run(prog: str = "gpumagic") -> None:
+    """The command as a program (the console script, ``python -m gpumagic``): :func:`main`,
+    then exit with its status. The work done, the cycle collector's passes over every
+    object the imports made (pandas', numpy's) at interpreter exit are skipped
+    (``gc.freeze``): from the report's last line to the end of the process, `gpumagic
+    analyze` of the 109k-event trace took 410 ms, and 130 ms with the freeze (medians of 5,
+    load average 6 on the 2-core machine; issue 27). Finalisation and atexit still run.
+    Not in :func:`main`, which a caller may run inside its own long-lived process."""
+    status = main(prog=prog)
+    gc.freeze()
+    raise SystemExit(status)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main(prog="python -m gpumagic"))
+    run(prog="python -m gpumagic")

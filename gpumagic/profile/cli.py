@@ -8,10 +8,12 @@ typed as, which its usage and error lines show, and returns the exit status.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
 from gpumagic.profile.trace.errors import TraceError
+from gpumagic.profile.trace.files import read_ahead
 
 
 def build_parser(prog: str = "gpumagic analyze") -> argparse.ArgumentParser:
@@ -40,6 +42,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "gpumagic analyze") -> i
         sys.stderr.write(f"{prog}: --rows must be at least 1\n")
         return 2
 
+    if os.path.isfile(os.path.expanduser(args.path)):
+        # Start reading (and inflating) the file now: the imports below take longer than
+        # that, and zlib releases the GIL (see gpumagic.profile.trace.files).
+        read_ahead(args.path)
     from gpumagic.profile.load import load_trace
 
     try:

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import tempfile
-from concurrent.futures import Executor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpumagic.profile.ranks import (
     LoadOptions,
@@ -20,6 +19,9 @@ from gpumagic.profile.trace.errors import TraceError
 from gpumagic.profile.trace.folders import trace_files, unreadable_entries
 from gpumagic.profile.trace.session import LiveState
 from gpumagic.profile.trace.spans import CodeLabels
+
+if TYPE_CHECKING:
+    from concurrent.futures import Executor
 
 
 def load_trace(

@@ -21,12 +21,9 @@ per-rank numbers, through the same functions below.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import re
 from collections.abc import Sequence
-from concurrent.futures import Executor, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,6 +38,8 @@ from gpumagic.profile.trace.errors import TraceError
 from gpumagic.profile.trace.spans import CodeLabels
 
 if TYPE_CHECKING:
+    from concurrent.futures import Executor
+
     import pandas as pd
 
 # Rows of the operator and kernel tables a summary keeps: the report shows 10 to 15.
@@ -405,6 +404,8 @@ def work_bytes(files: Sequence[Path]) -> int:
 
 
 def _pool_context() -> Any:
+    import multiprocessing  # here: a file's analysis (gpumagic analyze) needs no pool
+
     # Never fork: a notebook's process has threads (the kernel's, a %gpuwatch sampler), and
     # a child forked while one of them holds a lock can hang (CPython warns about it since
     # 3.12). Spawn everywhere: it leaves no server process behind and works the same on
@@ -437,6 +438,9 @@ def reduce_ranks(
     workers = min(len(paths), usable_cpus())
     if workers < 2 or work_bytes(files) < POOL_MIN_BYTES:
         return Reduced([_checked(summarize_file(p, options)) for p in paths], "this process")
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
     try:
         with ProcessPoolExecutor(workers, mp_context=_pool_context()) as pool:
             return Reduced(
@@ -477,6 +481,10 @@ def _collect(
             try:
                 done = f.result()
             except Exception as exc:
+                # imported here: a single trace's analysis never loads the process pool's
+                # modules (the start-up cost of `gpumagic analyze`)
+                from concurrent.futures.process import BrokenProcessPool
+
                 if own_pool and isinstance(exc, BrokenProcessPool):
                     raise
                 raise RankTaskError(path, exc) from exc

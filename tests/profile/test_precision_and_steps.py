@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from profile_helpers import TraceBuilder
+from profile_helpers import ALL_TRACES, TraceBuilder
+from trace_data import SHARED
 
 from gpumagic.profile.analysis.precision import autocast_matmuls, is_tensor_core_kernel
 from gpumagic.profile.load import load_trace
@@ -279,3 +280,31 @@ def test_a_sync_alone_or_no_cuda_recording_is_not_noted(tmp_path, cuda_recorder)
     assert "the cell allocated CUDA memory" in cuda_recorder.notes(trace, 0)[0]
     cuda_recorder.cuda = False  # a CPU-only recording says nothing of the GPU
     assert cuda_recorder.notes(_host_only_trace(tmp_path, ["cudaLaunchKernel"]), 0) == []
+
+
+def test_kernel_names_are_read_as_the_case_insensitive_patterns_read_them(load):
+    # is_tensor_core_kernel lower-cases ASCII names and searches case-sensitively (issue 27:
+    # the speed of a 109k-event trace); every real kernel name, and names whose case or
+    # non-ASCII letters fold differently, must get the answer the patterns' definition gives
+    from gpumagic.profile.analysis.precision import (
+        _NO_TENSOR_CORE_EVIDENCE,
+        _TENSOR_CORE_EVIDENCE,
+    )
+
+    def by_definition(name: str) -> bool:
+        return (
+            _TENSOR_CORE_EVIDENCE.search(name) is not None
+            and _NO_TENSOR_CORE_EVIDENCE.search(name) is None
+        )
+
+    here = [t for t in ALL_TRACES if (SHARED / t).exists()]  # the ones beside the repository
+    names = {n for t in here for n in load(t).primary.trace.gpu.name.values}
+    names |= {
+        "VOLTA_H884GEMM",
+        "Ampere_SGEMM_fp16",
+        "İMMA_kernel",
+        "ſgemm_bf16",
+        "\u212aernel_tf32",
+    }
+    assert len(names) > 300
+    assert {n for n in names if is_tensor_core_kernel(n)} == {n for n in names if by_definition(n)}

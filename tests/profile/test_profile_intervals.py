@@ -70,3 +70,22 @@ def test_nearest_flagged_is_the_row_itself_or_its_closest_flagged_ancestor():
     flag[[1, 3]] = True
     rows = np.array([3, 2, 4, 1, 5, 0, 6, -1])
     assert tree.nearest_flagged(PARENT, flag, rows).tolist() == [3, 1, 1, 1, -1, -1, -1, -1]
+
+
+def test_the_call_tree_orders_spans_as_lexsort_does():
+    # tree.parents sorts by thread, start, longest first without np.lexsort (issue 27):
+    # the same order on random spans with ties in every key, missing ends and starts
+    from gpumagic.profile.analysis.tree import _by_thread_start_longest
+
+    rng = np.random.default_rng(27)
+    for trial in range(2000):
+        n = int(rng.integers(1, 60))
+        ts = rng.integers(0, 8, n).astype(float)
+        end = ts + rng.integers(0, 4, n)
+        thread = rng.integers(0, 3, n)
+        if trial % 7 == 0:
+            ts[rng.integers(0, n)] = np.nan
+        if trial % 11 == 0:
+            end[rng.integers(0, n)] = np.nan
+        expected = np.lexsort((-end, ts, thread))
+        assert _by_thread_start_longest(ts, end, thread).tolist() == expected.tolist()

@@ -400,3 +400,26 @@ def test_the_rank_others_wait_for_is_the_one_that_waits_least_in_collectives(tmp
     assert list(pr["collective_us_per_step"]) == [6_000.0, 500.0]
     assert r.slowest_rank == 1
     assert list(pr["slowest"]) == [False, True]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [(7, 7), (7, 9), (3, 9), (7, 7), (3, 1)],  # ints: coded in numpy
+        [(7, "7"), (7, 7), (0, "stream 7"), (7, "7")],  # "7" and 7 are two threads
+        [(1, 2**63), (1, 5), (1, 2**63)],  # past int64: coded as objects
+        [(1, -3), (2, -3), (1, 0)],
+    ],
+)
+def test_threads_are_numbered_in_the_order_they_first_appear(values):
+    # decode codes (pid, tid) with numpy where both are int64s (issue 27); every event of a
+    # thread gets one number, and numbers follow first appearance, as a dict numbers them
+    from gpumagic.profile.trace.decode import _Complete, _thread_codes
+
+    events = [_Complete(pid=p, tid=t) for p, t in values]
+    pids, tids = ({}, {})
+    for p, t in values:
+        pids.setdefault(p, len(pids))
+        tids.setdefault(t, len(tids))
+    expected = [pids[p] * len(tids) + tids[t] for p, t in values]
+    assert _thread_codes([events[:2], events[2:]]).tolist() == expected

@@ -7,6 +7,8 @@
 * :mod:`.folders` - a folder of per-rank traces: its trace files (:func:`trace_files`),
   and the entries named like traces that are no files;
 * :mod:`.durations` - an event longer than any profiler window ends with the trace;
+* :mod:`.files` - a file's JSON text (gzip inflated), and reading one ahead in a thread
+  (:func:`read_ahead`);
 * :mod:`.args` - the events' ``args``, decoded per kind in one batch;
 * :mod:`.spans` - the cell's statement ranges and ``nn.Module`` spans, and their labels;
 * :mod:`.session` - facts about the session a trace cannot show (:class:`LiveState`);
@@ -23,7 +25,7 @@ _LAZY = {
     "DeviceProperties": ("gpumagic.profile.trace.model", "DeviceProperties"),
     "decode_trace": ("gpumagic.profile.trace.decode", "decode_trace"),
     "read_trace": ("gpumagic.profile.trace.decode", "read_trace"),
-    "read_trace_bytes": ("gpumagic.profile.trace.decode", "read_trace_bytes"),
+    "read_trace_bytes": ("gpumagic.profile.trace.files", "read_trace_bytes"),
     "trace_files": ("gpumagic.profile.trace.folders", "trace_files"),
     "CodeLabels": ("gpumagic.profile.trace.spans", "CodeLabels"),
     "CodeSpans": ("gpumagic.profile.trace.spans", "CodeSpans"),

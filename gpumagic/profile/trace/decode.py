@@ -16,13 +16,13 @@ reuse the CUDA category names with ``hip*`` runtime calls.
 from __future__ import annotations
 
 import re
-import zlib
+from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
 from operator import attrgetter, itemgetter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, NamedTuple, Union
 
 import msgspec
 import numpy as np
@@ -31,6 +31,7 @@ from gpumagic.profile.trace.args import GpuArgs, MemoryArgs, RuntimeArgs, decode
 from gpumagic.profile.trace.categories import event_kinds, trace_notes
 from gpumagic.profile.trace.durations import clip_absurd_durations
 from gpumagic.profile.trace.errors import TraceError
+from gpumagic.profile.trace.files import read_trace_bytes
 from gpumagic.profile.trace.flows import correlate_by_flows
 from gpumagic.profile.trace.model import (
     HOST,
@@ -174,44 +175,6 @@ _DUR = attrgetter("dur")
 _ARGS = attrgetter("args")
 
 
-# --- reading bytes -----------------------------------------------------------------------
-
-_GZIP_MAGIC = b"\x1f\x8b"
-
-
-def read_trace_bytes(path: Path) -> bytes:
-    """The JSON text of a ``.json`` or ``.json.gz`` file (gzip detected by its magic bytes)."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise TraceError(path, "no such file") from None
-    except IsADirectoryError:
-        raise TraceError(path, "is a directory, not a trace file") from None
-    except OSError as e:
-        raise TraceError(path, f"cannot be read ({e.strerror or e})") from None
-    if not data:
-        raise TraceError(path, "the file is empty")
-    if data[:2] != _GZIP_MAGIC:
-        return data
-    # wbits=47: accept gzip or zlib headers; a decompressobj tells a truncated stream
-    # (no end-of-stream marker) apart from a complete one, which zlib.decompress does not.
-    parts = []
-    rest = data
-    try:
-        while rest[:2] == _GZIP_MAGIC:  # concatenated members are valid gzip
-            d = zlib.decompressobj(47)
-            parts.append(d.decompress(rest))
-            if not d.eof:
-                raise TraceError(path, "the gzip stream is truncated (the file was cut off)")
-            rest = d.unused_data
-    except zlib.error as e:
-        raise TraceError(path, f"is not a valid gzip file ({e})") from None
-    out = b"".join(parts) if len(parts) > 1 else parts[0]
-    if not out or out.isspace():  # isspace stops at the first other byte: no copy
-        raise TraceError(path, "the file is empty (after decompression)")
-    return out
-
-
 # Some Kineto versions wrote bare N/A values (invalid JSON); the TensorBoard plugin works
 # around them by rewriting them before parsing. They become null, dropped from args.
 _BARE_NA = re.compile(rb'(?<!")\bN/A\b(?!")')
@@ -278,10 +241,30 @@ def _codes(values: list[int | str]) -> tuple[np.ndarray, int]:
     return codes, len(index)
 
 
-def _thread_codes(pids: list[int | str], tids: list[int | str]) -> np.ndarray:
-    # (pid, tid) identifies a thread; ints and strings both occur ("tid": "stream 7").
-    p, _ = _codes(pids)
-    t, nt = _codes(tids)
+def _int_codes(values: np.ndarray) -> tuple[np.ndarray, int]:
+    """:func:`_codes` of integers, in numpy: each value's rank in the order values first
+    appear, as the dict there numbers them."""
+    distinct, first, inverse = np.unique(values, return_index=True, return_inverse=True)
+    rank = np.empty(len(distinct), np.int64)
+    rank[np.argsort(first)] = np.arange(len(distinct))
+    return rank[inverse.reshape(-1)], len(distinct)
+
+
+def _column_codes(groups: list[list[_Complete]], field: attrgetter[Any]) -> tuple[np.ndarray, int]:
+    """:func:`_codes` of one field (pid or tid) over the events of ``groups``, in order."""
+    try:
+        # array("q") takes ints only, in one C pass, and numpy codes them: a dict per
+        # event cost three times as much on 65k host events
+        values = [np.frombuffer(array("q", map(field, g)), np.int64) for g in groups]
+    except (TypeError, OverflowError):  # strings occur too ("tid": "stream 7", "25738")
+        return _codes([v for g in groups for v in map(field, g)])
+    return _int_codes(np.concatenate(values))
+
+
+def _thread_codes(groups: list[list[_Complete]]) -> np.ndarray:
+    """One code per event of ``groups`` (in order) for its thread, (pid, tid)."""
+    p, _ = _column_codes(groups, _PID)
+    t, nt = _column_codes(groups, _TID)
     return p * max(nt, 1) + t
 
 
@@ -289,32 +272,42 @@ def _name_at(events: list[_Complete], row: int) -> str:
     return events[row].name
 
 
-def _exact_events(data: bytes, source: str) -> tuple[list[Any], list[Any], _Meta, int]:
-    """:func:`_events` with every ``ts`` exact to the nanosecond, and the integer base they
-    count from (timestamps.py). Floats are decoded unless the first ts shows the trace is at
-    epoch scale; if floats lost digits all the same, the ts are decoded again as text."""
+def _starts(complete: list[Any]) -> np.ndarray:
+    return _floats(map(_TS, complete), len(complete))
+
+
+def _exact_events(data: bytes, source: str) -> tuple[list[Any], list[Any], _Meta, int, np.ndarray]:
+    """:func:`_events` with every ``ts`` exact to the nanosecond, the integer base they
+    count from (timestamps.py), and the complete events' ``ts`` as a column. Floats are
+    decoded unless the first ts shows the trace is at epoch scale; if floats lost digits all
+    the same, the ts are decoded again as text."""
     floats = None
     if not looks_epoch_scale(data):
         floats = _events(data, source)
-        if not needs_rebase(np.fromiter(map(_TS, floats[0]), np.float64, len(floats[0]))):
-            return (*floats, 0)
+        starts = _starts(floats[0])
+        if not needs_rebase(starts):
+            return (*floats, 0, starts)
     complete, instants, meta = _events(data, source, _DECODER_TEXT_TS)
     base = rebase_raw(complete, instants)
     if base is not None:
-        return complete, instants, meta, base
-    return (*(floats or _events(data, source)), 0)  # no digits lost after all
+        return complete, instants, meta, base, _starts(complete)
+    floats = floats or _events(data, source)  # no digits lost after all
+    return (*floats, 0, _starts(floats[0]))
 
 
 def decode_trace(data: bytes, source: str) -> Trace:
     """Decode a trace's JSON text (see :func:`read_trace_bytes`) into a :class:`Trace`."""
-    complete, instants, meta, time_base = _exact_events(data, source)
+    complete, instants, meta, time_base, starts = _exact_events(data, source)
     cats = Names.of(list(map(_CAT, complete)))
     kinds = event_kinds(cats, partial(_name_at, complete))
     notes = trace_notes(cats, kinds)
-    host, code, runtime = _host_side(complete, kinds, meta.labels)
+    # every complete event's start and end, read once; each kind takes its rows
+    times = _Times(starts, starts + _floats(map(_DUR, complete), len(complete)))
+    host, code, runtime = _host_side(complete, kinds, times, meta.labels)
     gpu_rows = _rows(kinds, KERNEL, MEMCPY, MEMSET)
-    gpu = _gpu_events(_take(complete, gpu_rows), kinds[gpu_rows])
-    syncs = _sync_events(_take(complete, _rows(kinds, SYNC)))
+    gpu = _gpu_events(_take(complete, gpu_rows), kinds[gpu_rows], times.of(gpu_rows))
+    sync_rows = _rows(kinds, SYNC)
+    syncs = _sync_events(_take(complete, sync_rows), times.of(sync_rows))
     memory = _memory_events(instants)
     del complete, instants
     if (gpu.correlation < 0).any() and len(runtime.ts):
@@ -341,6 +334,16 @@ def decode_trace(data: bytes, source: str) -> Trace:
         group_sizes=_group_sizes(dist.pg_config) if dist is not None else [],
         code=code,
     )
+
+
+class _Times(NamedTuple):
+    """Start and end (µs) of every complete event, in file order."""
+
+    ts: np.ndarray
+    end: np.ndarray
+
+    def of(self, rows: np.ndarray) -> _Times:
+        return _Times(self.ts[rows], self.end[rows])
 
 
 @dataclass
@@ -384,23 +387,30 @@ def _rows(kinds: np.ndarray, *wanted: int) -> np.ndarray:
 
 
 def _host_side(
-    complete: list[_Complete], kinds: np.ndarray, labels_raw: bytes
+    complete: list[_Complete], kinds: np.ndarray, times: _Times, labels_raw: bytes
 ) -> tuple[HostEvents, CodeSpans, RuntimeEvents]:
     """Host operators, the cell's statement and module ranges, and runtime calls."""
-    host_sub, rt_sub = _take(complete, _rows(kinds, HOST)), _take(complete, _rows(kinds, RUNTIME))
-    py_sub = [
-        e for e in _take(complete, _rows(kinds, PYTHON)) if e.name.startswith(TORCH_MODULE_PREFIX)
-    ]
-    # one coding of (pid, tid) for all, so runtime calls nest inside operators
-    threads = _thread_codes(
-        list(map(_PID, host_sub)) + list(map(_PID, rt_sub)) + list(map(_PID, py_sub)),
-        list(map(_TID, host_sub)) + list(map(_TID, rt_sub)) + list(map(_TID, py_sub)),
+    host_rows, rt_rows = _rows(kinds, HOST), _rows(kinds, RUNTIME)
+    host_sub, rt_sub = _take(complete, host_rows), _take(complete, rt_rows)
+    py_rows = _rows(kinds, PYTHON)
+    py_rows = (
+        py_rows[[e.name.startswith(TORCH_MODULE_PREFIX) for e in _take(complete, py_rows)]]
+        if len(py_rows)
+        else py_rows
     )
+    py_sub = _take(complete, py_rows)
+    # one coding of (pid, tid) for all, so runtime calls nest inside operators
+    threads = _thread_codes([host_sub, rt_sub, py_sub])
     n_host, n_rt = len(host_sub), len(rt_sub)
     host, code = _code_spans(
-        _host_events(host_sub, threads[:n_host]), py_sub, threads[n_host + n_rt :], labels_raw
+        _host_events(host_sub, threads[:n_host], times.of(host_rows)),
+        py_sub,
+        threads[n_host + n_rt :],
+        times.of(py_rows),
+        labels_raw,
     )
-    return host, code, _runtime_events(rt_sub, threads[n_host : n_host + n_rt])
+    runtime = _runtime_events(rt_sub, threads[n_host : n_host + n_rt], times.of(rt_rows))
+    return host, code, runtime
 
 
 def _extent(
@@ -452,20 +462,22 @@ def _group_sizes(raw: msgspec.Raw) -> list[int]:
     ]
 
 
-def _host_events(sub: list[_Complete], thread: np.ndarray) -> HostEvents:
-    n = len(sub)
-    ts = _floats(map(_TS, sub), n)
+def _host_events(sub: list[_Complete], thread: np.ndarray, times: _Times) -> HostEvents:
     return HostEvents(
         name=Names.of(list(map(_NAME, sub))),
-        ts=ts,
-        end=ts + _floats(map(_DUR, sub), n),
+        ts=times.ts,
+        end=times.end,
         thread=thread,
         args=list(map(_ARGS, sub)),
     )
 
 
 def _code_spans(
-    host: HostEvents, py_modules: list[_Complete], py_thread: np.ndarray, labels_raw: bytes
+    host: HostEvents,
+    py_modules: list[_Complete],
+    py_thread: np.ndarray,
+    py_times: _Times,
+    labels_raw: bytes,
 ) -> tuple[HostEvents, CodeSpans]:
     """Take the statement and module ranges out of ``host`` (see :mod:`gpumagic.profile.trace.spans`);
     with no gpumagic module ranges, the ``nn.Module`` python_function spans are the modules."""
@@ -483,10 +495,8 @@ def _code_spans(
             code.module_origin = "gpumagic"
         host = _host_subset(host, np.flatnonzero(row_kind == 0))
     if not len(code.modules) and py_modules:
-        n = len(py_modules)
         key, code.module_names = torch_module_keys(list(map(_NAME, py_modules)))
-        ts = _floats(map(_TS, py_modules), n)
-        code.modules = Spans(key, ts, ts + _floats(map(_DUR, py_modules), n), py_thread)
+        code.modules = Spans(key, py_times.ts, py_times.end, py_thread)
         code.module_origin = "with_stack"
     return host, code
 
@@ -502,23 +512,21 @@ def _host_subset(host: HostEvents, rows: np.ndarray) -> HostEvents:
     )
 
 
-def _runtime_events(sub: list[_Complete], thread: np.ndarray) -> RuntimeEvents:
+def _runtime_events(sub: list[_Complete], thread: np.ndarray, times: _Times) -> RuntimeEvents:
     n = len(sub)
-    ts = _floats(map(_TS, sub), n)
     args = decode_args(RuntimeArgs, list(map(_ARGS, sub)))
     return RuntimeEvents(
         name=Names.of(list(map(_NAME, sub))),
-        ts=ts,
-        end=ts + _floats(map(_DUR, sub), n),
+        ts=times.ts,
+        end=times.end,
         thread=thread,
         correlation=_ints(map(attrgetter("correlation"), args), n),
     )
 
 
-def _gpu_events(sub: list[_Complete], kinds: np.ndarray) -> GpuEvents:
+def _gpu_events(sub: list[_Complete], kinds: np.ndarray, times: _Times) -> GpuEvents:
     n = len(sub)
     args = decode_args(GpuArgs, list(map(_ARGS, sub)))
-    ts = _floats(map(_TS, sub), n)
     streams = list(map(attrgetter("stream"), args))
     if set(map(type, streams)) <= {int}:
         stream = _ints(streams, n)
@@ -535,8 +543,8 @@ def _gpu_events(sub: list[_Complete], kinds: np.ndarray) -> GpuEvents:
     return GpuEvents(
         kind=kinds.astype(np.int8, copy=False),
         name=Names.of(list(map(_NAME, sub))),
-        ts=ts,
-        end=ts + _floats(map(_DUR, sub), n),
+        ts=times.ts,
+        end=times.end,
         device=device,
         stream=stream,
         correlation=_ints(map(attrgetter("correlation"), args), n),
@@ -548,12 +556,8 @@ def _gpu_events(sub: list[_Complete], kinds: np.ndarray) -> GpuEvents:
     )
 
 
-def _sync_events(sub: list[_Complete]) -> SyncEvents:
-    n = len(sub)
-    ts = _floats(map(_TS, sub), n)
-    return SyncEvents(
-        name=Names.of(list(map(_NAME, sub))), ts=ts, end=ts + _floats(map(_DUR, sub), n)
-    )
+def _sync_events(sub: list[_Complete], times: _Times) -> SyncEvents:
+    return SyncEvents(name=Names.of(list(map(_NAME, sub))), ts=times.ts, end=times.end)
 
 
 def _memory_events(sub: list[_Instant]) -> MemoryEvents:
