@@ -87,6 +87,7 @@ class DeviceMap:
         self._forced: list[str | None] = [None]
         self.mismatches = 0  # CPU tensors relabelled "cuda" because they met CUDA ones
         self.cuda_made = False  # a tensor was labelled "cuda": the cell puts tensors there
+        self._any_cuda = False  # some label says "cuda" (until then after() has nothing to do)
         # told of each tensor relabelled "cuda" (the census counts it from then on)
         self.relabelled: Callable[[torch.Tensor], None] | None = None
 
@@ -100,6 +101,7 @@ class DeviceMap:
             return found[1]
         kind = str(t.device.type)
         label = DeviceLabel(HOST if kind == "cpu" else kind)
+        self._any_cuda = self._any_cuda or kind == CUDA
         ident = id(st)
         self._labels[ident] = (weakref.ref(st, _Forget(self._labels, ident)), label)
         return label
@@ -117,9 +119,15 @@ class DeviceMap:
 
     def after(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
         """Label what ``func`` made; relabel CPU tensors it mixed with CUDA ones."""
+        forced = self._forced[-1]
+        if forced is None and not self._any_cuda:
+            # No tensor is "cuda" yet, so none of the inputs is and nothing is labelled: a
+            # cell that picks its device at run time, and every op before a cell's first
+            # .cuda(), including the device queries autograd makes of each tensor (prim.device,
+            # half the operations a dry run dispatches) ends here.
+            return
         inputs = list(tensors_in((args, kwargs)))
         cuda_in = any(self.is_cuda(t) for t in inputs)
-        forced = self._forced[-1]
         if cuda_in and forced is None and func not in _MIXING_OK:
             for t in inputs:
                 lab = self.label(t)
@@ -132,7 +140,7 @@ class DeviceMap:
         if name is None:
             return
         if name == CUDA:
-            self.cuda_made = True
+            self.cuda_made = self._any_cuda = True
         input_ids = {id(s) for s in map(storage_of, inputs) if s is not None}
         for t in tensors_in(out):
             st = storage_of(t)
