@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -153,7 +154,45 @@ class UnmappedCuda(RuntimeError):
     autograd could touch it (that would abort the process)."""
 
 
-class DeviceLabels(TorchDispatchMode):
+_DEVICE = torch.ops.prim.device.default
+
+
+def fake_device(func: Any, args: Any) -> torch.device | None:
+    """The answer to ``prim.device`` of a fake tensor, without the modes below, or None.
+
+    A fake tensor asks the dispatcher for its device (``dispatch_device``), so every
+    ``.device`` read of it, autograd's own included (about two in three of the operations a
+    dry run dispatches), goes down every mode to the fake mode, which returns
+    ``fake_device`` outside a kernel; the dry run's modes answer the same at once."""
+    if func is _DEVICE and len(args) == 1:
+        t = args[0]
+        if isinstance(t, FakeTensor) and not t.fake_mode.in_kernel_invocation:
+            return t.fake_device
+    return None
+
+
+class NoDynamoWrapper(TorchDispatchMode):
+    """A dry run's dispatch mode whose handler torch does not wrap in ``torch._dynamo.disable``
+    (two Python frames a mode and an operation); :func:`dynamo_runs_as_is` marks the handler
+    for Dynamo to skip instead, as the census does (:mod:`gpumagic.memory.census.dispatch`)."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
+
+def dynamo_runs_as_is(*modes: type[TorchDispatchMode]) -> None:
+    try:
+        from torch._C._dynamo import eval_frame
+
+        strategy = eval_frame._FrameExecStrategy(eval_frame._FrameAction.SKIP, eval_frame._FrameAction.DEFAULT)
+        for mode in modes:
+            eval_frame.set_code_exec_strategy(mode.__torch_dispatch__.__code__, strategy)
+    except Exception:  # an older torch without this API: Dynamo skips modes there anyway
+        pass
+
+
+class DeviceLabels(NoDynamoWrapper):
     """Labels what each operation makes (see :class:`DeviceMap`), and refuses a fake CUDA
     tensor some path made without going through :class:`CudaRequests`."""
 
@@ -162,10 +201,13 @@ class DeviceLabels(TorchDispatchMode):
         self.devices = devices
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        device = fake_device(func, args)
+        if device is not None:
+            return device
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         for t in tensors_in(out):
-            if t.device.type == "cuda":
+            if (t.fake_device if isinstance(t, FakeTensor) else t.device).type == "cuda":
                 raise UnmappedCuda(
                     f"{func.overloadpacket.__name__} made a CUDA tensor the dry run could not "
                     "map to the CPU; with no GPU here, autograd on it would abort the process, "
@@ -173,6 +215,9 @@ class DeviceLabels(TorchDispatchMode):
                 )
         self.devices.after(func, args, kwargs, out)
         return out
+
+
+dynamo_runs_as_is(DeviceLabels)
 
 
 def _is_cuda_device(d: Any) -> bool:
