@@ -7,7 +7,7 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class, output_can_be_silenced
 
-from gpumagic.magics.args import MagicParser, documented, without_silencer
+from gpumagic.usage import MagicParser, documented, without_silencer
 
 PARSER = MagicParser(
     "%gpuenv",

@@ -7,14 +7,14 @@ from typing import Any
 
 from IPython.core.magic import Magics, line_magic, magics_class, output_can_be_silenced
 
-from gpumagic.magics.args import (
+from gpumagic.render.html import Note
+from gpumagic.usage import (
     MagicParser,
     documented,
     output_option,
     returns_result,
     without_silencer,
 )
-from gpumagic.render.html import Note
 
 PARSER = MagicParser(
     "%gpuwatch",
