@@ -122,10 +122,9 @@ class DeviceMap:
         """Label what ``func`` made; relabel CPU tensors it mixed with CUDA ones."""
         forced = self._forced[-1]
         if forced is None and not self._any_cuda:
-            # No tensor is "cuda" yet, so none of the inputs is and nothing is labelled: a
-            # cell that picks its device at run time, and every op before a cell's first
-            # .cuda(), including the device queries autograd makes of each tensor (prim.device,
-            # half the operations a dry run dispatches) ends here.
+            # No tensor is "cuda" yet, so none of the inputs is and nothing is labelled: every
+            # op of a cell that picks its device at run time, and every op before a cell's
+            # first .cuda(), ends here.
             return
         inputs = list(tensors_in((args, kwargs)))
         cuda_in = any(self.is_cuda(t) for t in inputs)
