@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from gpumagic.environment.checks import Finding
     from gpumagic.environment.report import EnvReport, GpuInfo
 
-_LEVEL_MARK = {"error": "✖", "warning": "!", "info": "i"}
+# a finding's level as one mark, in %gpuenv's traps and %gpucheck's findings
+LEVEL_MARK = {"error": "✖", "warning": "!", "info": "i"}
 
 
 def _env_value(value: str | None) -> str:
@@ -99,7 +100,7 @@ def _cpu_items(r: EnvReport) -> list[tuple[str, str]]:
 def _finding(f: Finding) -> Box:
     return Box(
         [
-            Paragraph(f"{_LEVEL_MARK.get(f.level, '-')} {f.level}: {f.message}", "plain"),
+            Paragraph(f"{LEVEL_MARK.get(f.level, '-')} {f.level}: {f.message}", "plain"),
             Paragraph(f"fix: {f.fix}"),
         ],
         "info" if f.level == "info" else "box",
