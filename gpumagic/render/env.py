@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gpumagic.render.html import escape
+from gpumagic.render.html import Note, escape
 from gpumagic.render.sections import (
     Box,
     Details,
@@ -130,3 +130,17 @@ def env_report(r: EnvReport) -> Report:
         Details("packages", [_pairs("package", "version", r.packages)]),
     ]
     return Report("env", "%gpuenv", r.gpu_summary, sections)
+
+
+def saved_note(path: object, check: Any) -> Note:
+    """What ``%gpuenv --save`` wrote: the report, and the session's last ``%gpucheck`` (with
+    when it ran and what it found) or why there is none."""
+    from gpumagic.units import fmt_clock
+
+    what = "the environment report"
+    if check is not None:
+        found = len(check.findings)
+        what += f" and the %gpucheck of {fmt_clock(check.when)} ({found} finding{'s' if found != 1 else ''})"
+    else:
+        what += " (no %gpucheck ran in this session: --check runs one)"
+    return Note(f"Wrote {path}: {what}.", "env-save")
