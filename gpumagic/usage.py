@@ -244,6 +244,24 @@ def index_list(text: str) -> list[int]:
     return ids
 
 
+def whole_number(text: str) -> int:
+    """A count such as ``2`` (its range is the caller's to check)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+
+
+def percent(text: str) -> float:
+    """``50`` or ``50%`` (its range is the caller's to check)."""
+    from gpumagic.units import parse_percent
+
+    try:
+        return parse_percent(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def host_port(text: str) -> tuple[str, int]:
     """``PORT`` or ``HOST:PORT`` (``[::1]:9401`` too); the host defaults to 127.0.0.1."""
     host, _, port = text.rpartition(":")
