@@ -64,13 +64,32 @@ def resolve_target(gpu: str | None, memory: int | str | None) -> Target | None:
     return None
 
 
-def _headroom(run: DryRun, target: Target | None) -> list[HeadroomLine]:
+@dataclass(frozen=True)
+class _CellNeeds:
+    """What the headroom reads of a dry run, the same for every card: which libraries'
+    workspaces the cell needs, and the caching allocator's fragmentation from the one replay
+    of its allocations (no card changes the replay: :mod:`.allocator` says why)."""
+
+    matmuls: bool
+    convolutions: bool
+    fragmentation: int | None
+
+
+def _cell_needs(run: DryRun) -> _CellNeeds:
     ops = run.accounting.ops
     trace = run.accounting.trace
-    return headroom(
+    return _CellNeeds(
         matmuls=any(name.startswith(_MATMULS) for name in ops),
         convolutions=any(name.startswith(_CONVOLUTIONS) for name in ops),
         fragmentation=AllocatorModel().replay(trace).fragmentation if trace is not None else None,
+    )
+
+
+def _headroom(needs: _CellNeeds, target: Target | None) -> list[HeadroomLine]:
+    return headroom(
+        matmuls=needs.matmuls,
+        convolutions=needs.convolutions,
+        fragmentation=needs.fragmentation,
         capability_major=target.capability if target else None,
         total_bytes=target.capacity if target else None,
     )
@@ -101,7 +120,8 @@ def predict(prepared: PreparedCell, user_ns: dict[str, Any], opts: FitOptions) -
 
     main = run()
     counted["count"] = main.counted
-    lines = _headroom(main, target)
+    needs = _cell_needs(main)
+    lines = _headroom(needs, target)
     acc = main.accounting
     fit = MemFit(
         peak_bytes=acc.peak_bytes,
@@ -123,7 +143,7 @@ def predict(prepared: PreparedCell, user_ns: dict[str, Any], opts: FitOptions) -
         fit.error = why_stopped(main, prepared)
     if target is None:
         fit.verdicts = [
-            (g.name, g.cuda_bytes, verdict(acc.peak_bytes, _headroom(main, Target(g.name, g.cuda_bytes, capability=g.capability)), g.cuda_bytes, g.uncertainty_bytes))
+            (g.name, g.cuda_bytes, verdict(acc.peak_bytes, _headroom(needs, Target(g.name, g.cuda_bytes, capability=g.capability)), g.cuda_bytes, g.uncertainty_bytes))
             for g in GPUS
         ]
     if opts.batch is not None and main.error is None:
