@@ -1,12 +1,15 @@
 """One dry run: a prepared cell executed in its shadow namespace on fake tensors, under the
 accounting, with nothing of the user's touched.
 
-Layers, from the outside in: the user's global state kept (:func:`.shadow.kept_global_state`)
+Layers, from the outside in: the user's objects snapshot and put back, files kept out of
+reach (:mod:`.isolation`, :mod:`.files`); the user's global state kept (:func:`.shadow.kept_global_state`)
 and namespace bindings compared (:func:`.shadow.bindings_kept`); the cell's output captured
 (it still runs its Python, and the report says how much it printed); the shadow built;
 then the modes, bottom to top: ``FakeTensorMode`` (``allow_non_fake_inputs``: a real tensor
 the cell reaches some other way is converted, never written), the value answers
-(:mod:`.answers`), without a GPU the device labels (:mod:`.devices`), and on top the
+(:mod:`.answers`), without a GPU the device labels (:mod:`.devices`), above them every real
+tensor made fake before a call sees it (:class:`.isolation.RealTensorsFake`: without it
+``FakeTensorMode`` runs an operation whose inputs are all real for real), and on top the
 accounting engine's own mode. The cell runs through :func:`gpumagic.cell.execute`, with
 the shadow as its namespace, its statements marked by the same probe hooks as
 ``%%memtrace``'s.

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import _disable_current_modes
 
 from gpumagic.namespace import DEEP, instance_dict, user_items, walk
 from gpumagic.namespace.rules import _layout
@@ -73,13 +74,16 @@ class RealTensorsFake(TorchFunctionMode):
         self.converted: dict[int, torch.Tensor] = {}  # id -> the real tensor, kept alive for the check
 
     def fake(self, t: torch.Tensor) -> Any:
-        out = self.fake_mode.from_tensor(t)
+        try:
+            out = self.fake_mode.from_tensor(t)
+        except Exception:  # a subclass it cannot convert (a DTensor): FakeTensorMode decides, as before
+            return t
         if id(t) not in self.converted:
             self.converted[id(t)] = t
             # as the shadow does: a one-element CPU tensor keeps its value (a step count)
             if t.numel() <= 1 and t.device.type == "cpu" and not t.requires_grad and out.constant is None:
-                with contextlib.suppress(Exception):
-                    out.constant = t.detach().clone()
+                with contextlib.suppress(Exception), _disable_current_modes(), torch._C.DisableTorchFunction():
+                    out.constant = t.detach().clone()  # a real copy: no mode may see it
                     self.fake_mode.fake_tensor_converter.add_constant_storage_mapping(out)
         return out
 
