@@ -17,15 +17,18 @@ np = pytest.importorskip("numpy")
 # A module of the user's own (a file outside the Python installation), whose globals a
 # method reaches.
 LIB = """\
+import numpy as np
 import torch
 BUF = torch.zeros(3)
 TABLE = {"n": 0}
+ARR = np.arange(3.0)
 
 class Counter:
     def bump(self):
         BUF.add_(1)
         TABLE["n"] += 1
         TABLE["new"] = torch.ones(2)
+        ARR[0] = 99.0
 """
 
 SETUP = """\
@@ -123,6 +126,7 @@ def _snapshot(ns: dict, folder) -> dict:
             "keep": list(ns["keep"]),
             "ax lines": len(ns["ax"].lines),
             "ARR": ns["ARR"].tobytes(),
+            "lib ARR": lib.ARR.tobytes(),
             "names": {k: id(v) for k, v in user_items(ns) if k != "_memfit"},
         },
         "switches": {name: get() for name, get in SWITCHES.items()},
@@ -186,6 +190,7 @@ def test_a_dry_run_never_changes_a_real_tensor_however_the_cell_reaches_it(ip, r
     assert torch.equal(ns["Cfg"].w, torch.ones(3))
     assert torch.equal(lib.BUF, torch.zeros(3))
     assert lib.TABLE == {"n": 0}
+    assert lib.ARR.tolist() == [0.0, 1.0, 2.0]
     assert ns["LOG"] == [] and ns["Cfg"].calls == 0
     assert len(ns["ax"].lines) == 1
     for p in ns["net"].parameters():
