@@ -255,7 +255,7 @@ def _skipped(o: FileOverlay, name: str, real: Callable[..., Any], position: int)
         path = _path(file)
         if path is None or not o.ours(path):
             return real(*args, **kwargs)
-        o.note(f"{name}(..., {_shown(file)}) was skipped: the dry run's tensors have no values to write")
+        o.note(f"{name}(..., {_shown(file)}) was skipped: a dry run saves no tensors (its own are fake, with no values)")
         return None
 
     return save
