@@ -430,6 +430,14 @@ class TensorTracker:
             self.fail(exc)
             return Settled(self.ledger.after(), self.ledger.peak, None, None)
 
+    def settle_quiet(self, statement: int) -> Settled | None:
+        """:meth:`settle` when nothing happened since the last one (the ledger's
+        :meth:`~.ledger.Ledger.settle_quiet`); None, and nothing done, otherwise."""
+        settled = self.ledger.settle_quiet(statement)
+        if settled is not None:
+            self._in_step = 0
+        return settled
+
     def _classify(self, survivors: list[Record]) -> None:
         """Categories for the storages a statement left alive (see
         :mod:`gpumagic.memory.census.categories`): models and optimizers first, then names, then
