@@ -25,7 +25,13 @@ from ratios import load_average  # the benchmarks' shared helper, beside this fi
 ISSUE_27_BASELINE = "343c11d"
 
 BENCHMARKS: list[tuple[str, list[str], str]] = [
-    ("bench_memtrace", [], "%%memtrace's cost on a training loop and on cheap statements"),
+    ("bench_memtrace", ["--only", "cnn"], "%%memtrace's cost on the quickstart's CNN (<= 1.10x)"),
+    (
+        "bench_memtrace",
+        ["--only", "small_cnn,tight", "--repeats", "31"],
+        "issue 27 item 1: %%memtrace with the census on the small CNN loop (<= 1.05x, and no "
+        "costlier than memory_profiler) and on cheap statements (<= 3 µs a statement)",
+    ),
     (
         "bench_memfit",
         [],

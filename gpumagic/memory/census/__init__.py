@@ -8,6 +8,9 @@ same code counts real tensors (``%%memtrace``, :mod:`gpumagic.memory.trace`) and
 * :mod:`.ledger` - the running account (:class:`~.ledger.Ledger`): bytes alive by category,
   each statement's peak replayed with the categories settled at its end
   (:class:`~.ledger.Settled`), the allocations and frees in order (:class:`~.ledger.EventLog`);
+* :mod:`.holdings` - what a tensor holds that a census counts (a sparse tensor's indices and
+  values, what a wrapper wraps; nothing for a fake tensor in a real census), and why the rest
+  cannot be counted: one definition for the start-up scan and the per-op path;
 * :mod:`.dispatch` - the dispatch mode that sees each op's outputs, and what keeps the cell
   as it would be without it;
 * :mod:`.reach` - what the census reaches of the user's namespace (read by

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from torch import Tensor as _Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpumagic.tracebacks import exception_chain
@@ -90,11 +91,17 @@ class StorageMode(TorchDispatchMode):
                 if kind != VIEW:
                     fresh = kind == FRESH
                     if type(out) is tracker.tensor_type:
-                        tracker.see(out, fresh)
+                        tracker.see(out, fresh, func)
                     elif type(out) is tuple or type(out) is list:
                         for item in out:
                             if type(item) is tracker.tensor_type:
-                                tracker.see(item, fresh)
+                                tracker.see(item, fresh, func)
+                            elif issubclass(type(item), _Tensor):
+                                tracker.see_other(item, fresh, func)
+                    elif issubclass(type(out), _Tensor):
+                        # a subclass (a DTensor: its local shard; a fake tensor in a real
+                        # census: nothing), read as the start-up scan reads it
+                        tracker.see_other(out, fresh, func)
             except Exception as exc:  # the tracker's own failure never reaches the cell
                 tracker.fail(exc)
         return out

@@ -230,13 +230,9 @@ class Ledger:
     def settle(self, classify: Callable[[list[Record]], None], statement: int) -> Settled:
         """End the open statement: classify its surviving storages (``classify`` calls
         :meth:`move` on each), replay its log to its peak, and open ``statement``."""
-        if not self._log and self._folded is None and self._quiet is not None:
-            # nothing was made, freed or moved: the statement ended where it began (the common
-            # case in a loop of plain Python), so the last settlement's numbers stand
-            self.serial += 1
-            self.statement = statement
-            self.peak = self.current
-            return self._quiet
+        quiet = self.settle_quiet(statement)
+        if quiet is not None:
+            return quiet
         survivors = [r for r in self.fresh if r.alive and r.cat == PENDING]
         if survivors:
             classify(survivors)
@@ -255,6 +251,19 @@ class Ledger:
         self.begin(statement)
         self._quiet = Settled(settled.after, self.current, None, None)
         return settled
+
+    def settle_quiet(self, statement: int) -> Settled | None:
+        """:meth:`settle` when nothing was made, freed or moved since the last settlement (the
+        common case in a loop of plain Python): the statement ended where it began, so that
+        settlement's numbers stand, and ``statement`` opens. None, and nothing done, otherwise.
+        The same object comes back until something happens: a caller may keep what it
+        derives from it."""
+        if self._log or self._folded is not None or self._quiet is None:
+            return None
+        self.serial += 1
+        self.statement = statement
+        self.peak = self.current
+        return self._quiet
 
     def begin(self, statement: int) -> None:
         """Open a statement execution: its peak starts at the current total."""

@@ -12,10 +12,12 @@ from typing import Any
 
 import torch
 
-from gpumagic.namespace import history, is_a, small_values, user_items
+from gpumagic.memory.census.categories import GRADIENTS, OPTIMIZER, PARAMETERS
+from gpumagic.namespace import history, is_a, module_tensors, small_values, user_items
 
 __all__ = [
     "history",
+    "model_tensors",
     "models_in",
     "named_values",
     "saved_by_graphs",
@@ -48,6 +50,26 @@ def models_in(namespace: Mapping[str, Any], with_names: bool = False) -> tuple[l
         elif is_a(value, optim_t):
             optimizers.append((name, value) if with_names else value)
     return modules, optimizers
+
+
+def model_tensors(modules: list[Any], optimizers: list[Any]) -> Iterator[tuple[Any, int]]:
+    """(tensor, category) for the parameters, buffers, gradients and optimizer state of
+    ``modules`` and ``optimizers``. A model's tensors are read from its modules' tables
+    (:func:`gpumagic.namespace.module_tensors`): no method of the user's model runs."""
+    for m in modules:
+        for _name, role, t in module_tensors(m):
+            yield t, PARAMETERS
+            if role == "parameter" and t.grad is not None:
+                yield t.grad, GRADIENTS
+    for opt in optimizers:
+        for group in opt.param_groups:
+            for p in group["params"]:
+                yield p, PARAMETERS
+                if p.grad is not None:
+                    yield p.grad, GRADIENTS
+        for state in list(opt.state.values()):
+            for t in tensors_in(state):
+                yield t, OPTIMIZER
 
 
 def tensors_in(tree: Any) -> Iterator[Any]:

@@ -61,6 +61,7 @@ from gpumagic.memory.census.dispatch import (
     leave_mode,
     skip_in_dynamo,
 )
+from gpumagic.memory.census.holdings import grad_fn_of, grad_of, storages
 from gpumagic.memory.census.ledger import (
     BACKWARD,
     EARLIER,
@@ -75,13 +76,14 @@ from gpumagic.memory.census.ledger import (
 )
 from gpumagic.memory.census.reach import (
     history,
+    model_tensors,
     models_in,
     named_values,
     saved_by_graphs,
     tensors_in,
     user_items,
 )
-from gpumagic.namespace import module_tensors, small_values, submodules
+from gpumagic.namespace import small_values, submodules
 
 __all__ = ["CUDA_ROUNDING", "TensorTracker", "drop_own_frames", "on_cpu"]
 
@@ -104,7 +106,10 @@ def on_cpu(t: Any) -> bool:
 
 
 _Tensor = torch.Tensor
+_Parameter = torch.nn.Parameter
 _Module = torch.nn.Module
+# What cannot be counted is named in a note: at most this many, then a count.
+_UNCOUNTED_NAMED = 8
 # How far up the stack the owner of an allocation is looked for: an op is called a few frames
 # below its module's forward (a functional wrapper, a helper).
 _MODULE_DEPTH = 12
@@ -168,6 +173,11 @@ class TensorTracker:
         self._walked_statements: set[int] = set()
         self._params: list[weakref.ref[Any]] = []
         self._known_models: set[int] = set()
+        # the types whose storage is read directly (anything else goes through holdings)
+        self._plain = (self.tensor_type, _Parameter) if self.tensor_type is _Tensor else (self.tensor_type,)
+        # what holds memory the census cannot count: who (a name, an op) -> why
+        self.uncounted: dict[str, str] = {}
+        self.uncounted_more = 0
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self, also: Iterable[tuple[Any, int]] = ()) -> None:
@@ -176,7 +186,7 @@ class TensorTracker:
         reaches (registered after it, so the namespace's categories win)."""
         self._register_existing()
         for t, cat in also:
-            self._existing(t, cat)
+            self._existing(t, cat, "a tensor the cell is given")
         self.ledger.begin(-1)
         skip_in_dynamo(f for f in vars(TensorTracker).values() if callable(f))
         from torch.optim import optimizer as optim
@@ -212,12 +222,33 @@ class TensorTracker:
         self.errors.append(f"{error_text(exc)} (statement {statement})")
 
     # -- the hot path: an op's outputs ---------------------------------------------------------
-    def see(self, t: Any, fresh: bool) -> None:
-        """An op's output: a new storage (``fresh``: the op's schema says it allocates), or
-        one the op wrote (``out=``, in place, ``resize_``)."""
+    def see(self, t: Any, fresh: bool, func: Any) -> None:
+        """An op's output of the counted type: a new storage (``fresh``: the op's schema says
+        it allocates), or one the op wrote (``out=``, in place, ``resize_``); ``func`` the op."""
         if not (t.is_cpu if self._cpu_only else self.keep(t)):
             return
-        st = t.untyped_storage()
+        try:
+            st = t.untyped_storage()
+        except Exception:  # sparse, mkldnn, a functorch wrapper: read by holdings
+            self.see_other(t, fresh, func)
+            return
+        if t.is_nested or t.is_quantized:  # parts beside the storage
+            self.see_other(t, fresh, func)
+            return
+        self._seen(st, fresh)
+
+    def see_other(self, t: Any, fresh: bool, func: Any) -> None:
+        """An op's output that is no plain tensor of the counted type (a sparse tensor, a
+        DTensor, a fake tensor in a real census ...): what it holds, by
+        :mod:`gpumagic.memory.census.holdings`, the one definition the start-up scan uses too."""
+        found, why = storages(t, self.tensor_type, self.keep)
+        for st in found:
+            self._seen(st, fresh)
+        if why:
+            name = str(getattr(func, "__name__", func)).removesuffix(".default")
+            self._cannot_count(f"what aten.{name} made", why)
+
+    def _seen(self, st: Any, fresh: bool) -> None:
         key = st._cdata
         rec = self._live.get(key)
         if rec is not None:
@@ -259,13 +290,31 @@ class TensorTracker:
         """Count ``t`` from now on, made now, if ``keep`` takes it now and it is not counted:
         a dry run without a GPU relabels a CPU tensor CUDA when it meets CUDA tensors
         (``torch.arange(n, device=x.device)`` reads the fake's CPU device)."""
-        if (
-            self.active
-            and issubclass(type(t), self.tensor_type)
-            and self.keep(t)
-            and t.untyped_storage()._cdata not in self._live
-        ):
-            self.see(t, True)
+        if self.active:
+            found, _ = storages(t, self.tensor_type, self.keep)
+            for st in found:
+                self._seen(st, True)  # a storage already counted stays as it is
+
+    def _cannot_count(self, who: str, why: str) -> None:
+        if who in self.uncounted:
+            return
+        if len(self.uncounted) < _UNCOUNTED_NAMED:
+            self.uncounted[who] = why
+        else:
+            self.uncounted_more += 1
+
+    def _keys(self, t: Any) -> list[int]:
+        """The storage keys of what ``t`` holds that the census counts, on any device (only
+        those the census tracks matter to a lookup)."""
+        if type(t) in self._plain:
+            try:
+                st = t.untyped_storage()
+                if not (t.is_nested or t.is_quantized):
+                    return [st._cdata]
+            except Exception:
+                pass
+        found, _ = storages(t, self.tensor_type, _anywhere)
+        return [st._cdata for st in found]
 
     def _size(self, nbytes: int) -> int:
         r = self.rounding
@@ -312,7 +361,7 @@ class TensorTracker:
         closure that the traceback of an error holds on to, so the activations of a forward
         pass that ran out of memory would outlive the release of the failed call's frames.
         The stack is read for tensors a forward pass makes (the activations' owners)."""
-        frame: FrameType | None = sys._getframe(3)  # above see(), the handler, the op's caller
+        frame: FrameType | None = sys._getframe(4)  # above _seen(), see(), the handler, the op's caller
         depth = 0
         while frame is not None and depth < _MODULE_DEPTH:
             if frame.f_code.co_name == "forward":
@@ -364,12 +413,12 @@ class TensorTracker:
             self.fail(exc)
 
     def _classify_tensor(self, t: Any, cat: int) -> None:
-        if not issubclass(type(t), self.tensor_type):
-            return
-        rec = self._live.get(t.untyped_storage()._cdata)
-        if rec is not None and rec.cat != cat:
-            self._named_recs.pop(rec.key, None)
-            self.ledger.move(rec, cat)
+        live = self._live
+        for key in self._keys(t):
+            rec = live.get(key)
+            if rec is not None and rec.cat != cat:
+                self._named_recs.pop(rec.key, None)
+                self.ledger.move(rec, cat)
 
     # -- statement boundaries ------------------------------------------------------------------
     def settle(self, statement: int) -> Settled:
@@ -380,6 +429,14 @@ class TensorTracker:
         except Exception as exc:
             self.fail(exc)
             return Settled(self.ledger.after(), self.ledger.peak, None, None)
+
+    def settle_quiet(self, statement: int) -> Settled | None:
+        """:meth:`settle` when nothing happened since the last one (the ledger's
+        :meth:`~.ledger.Ledger.settle_quiet`); None, and nothing done, otherwise."""
+        settled = self.ledger.settle_quiet(statement)
+        if settled is not None:
+            self._in_step = 0
+        return settled
 
     def _classify(self, survivors: list[Record]) -> None:
         """Categories for the storages a statement left alive (see
@@ -433,10 +490,10 @@ class TensorTracker:
         return named, new_objects
 
     def _name_tensor(self, t: Any, named: set[int]) -> None:
-        if self.keep(t):
-            named.add(t.untyped_storage()._cdata)
-            if t.is_leaf and t.requires_grad and t.grad is not None:
-                self._classify_tensor(t.grad, GRADIENTS)
+        named.update(self._keys(t))
+        grad = grad_of(t)
+        if grad is not None:
+            self._classify_tensor(grad, GRADIENTS)
 
     def _walk_models(self) -> None:
         """Parameters, buffers, gradients and optimizer state of every model and optimizer
@@ -446,63 +503,52 @@ class TensorTracker:
             classify(t, cat)
 
     def _model_tensors(self) -> Iterator[tuple[Any, int]]:
-        """(tensor, category) for the parameters, buffers, gradients and optimizer state of
-        the models and optimizers the namespace names (or the census was given), and of the
-        optimizers the cell stepped. A model's tensors are read from its modules' tables
-        (:func:`gpumagic.namespace.module_tensors`): no method of the user's model runs."""
+        """(tensor, category) for the models and optimizers the namespace names (or the census
+        was given), and the optimizers the cell stepped (:func:`.reach.model_tensors`)."""
         modules, optimizers = self.reached_models()
         self._known_models = {id(m) for m in (*modules, *optimizers)}
         for ref in self._optimizers:
             opt = ref()
             if opt is not None and id(opt) not in self._known_models:
                 optimizers.append(opt)
-        for m in modules:
-            for _name, role, t in module_tensors(m):
-                yield t, PARAMETERS
-                if role == "parameter" and t.grad is not None:
-                    yield t.grad, GRADIENTS
-        for opt in optimizers:
-            for group in opt.param_groups:
-                for p in group["params"]:
-                    yield p, PARAMETERS
-                    if p.grad is not None:
-                        yield p.grad, GRADIENTS
-            for state in list(opt.state.values()):
-                for t in tensors_in(state):
-                    yield t, OPTIMIZER
+        return model_tensors(modules, optimizers)
 
     # -- what was alive at the start -----------------------------------------------------------
     def _register_existing(self) -> None:
         for t, cat in self._model_tensors():
-            self._existing(t, cat)
+            self._existing(t, cat, "a model's or optimizer's tensor")
         roots: list[Any] = []
-        for _name, value in user_items(self.namespace):
+        for name, value in user_items(self.namespace):
             for t in named_values(value):
-                if t.is_leaf and t.requires_grad and t.grad is not None:
-                    self._existing(t.grad, GRADIENTS)
-                rec = self._existing(t, INPUTS)
-                if rec is not None:
+                grad = grad_of(t)
+                if grad is not None:
+                    self._existing(grad, GRADIENTS, f"{name}.grad")
+                for rec in self._existing(t, INPUTS, name):
                     self._named_recs[rec.key] = rec
-                if t.grad_fn is not None:
-                    roots.append(t.grad_fn)
+                grad_fn = grad_fn_of(t)
+                if grad_fn is not None:
+                    roots.append(grad_fn)
         for t in saved_by_graphs(roots):
-            self._existing(t, ACTIVATIONS)
+            self._existing(t, ACTIVATIONS, "a tensor an autograd graph keeps")
         for value in history(self.namespace):
             for t in named_values(value):
-                self._existing(t, OTHER)
+                self._existing(t, OTHER, "an output IPython keeps (Out)")
 
-    def _existing(self, t: Any, cat: int) -> Record | None:
-        if not issubclass(type(t), self.tensor_type):
-            return None
-        if not self.keep(t):
-            return None
-        st = t.untyped_storage()
-        key = st._cdata
-        if key in self._live:
-            return None
-        rec = Record(key, self._size(st.nbytes()), cat, 0, EARLIER, 0, -1)
-        self._track(st, rec)
-        return rec
+    def _existing(self, t: Any, cat: int, who: str) -> list[Record]:
+        """Register what ``t`` holds, alive before the cell, as ``cat``; ``who`` names it in
+        the note when something of it cannot be counted."""
+        found, why = storages(t, self.tensor_type, self.keep)
+        if why:
+            self._cannot_count(who, why)
+        made = []
+        for st in found:
+            key = st._cdata
+            if key in self._live:
+                continue
+            rec = Record(key, self._size(st.nbytes()), cat, 0, EARLIER, 0, -1)
+            self._track(st, rec)
+            made.append(rec)
+        return made
 
     def reached_models(self, with_names: bool = False) -> tuple[list[Any], list[Any]]:
         """The namespace's models and optimizers, then those given as ``models``."""
@@ -533,3 +579,6 @@ class TensorTracker:
             names.setdefault(token, f"{cls} (no name reaches it)")
         return names
 
+
+def _anywhere(t: Any) -> bool:
+    return True

@@ -256,6 +256,14 @@ def census_notes(census: Any, totals: TraceTotals, device: TracedDevice) -> list
             "them (before the cell, unreachable by any name; or inside a compiled region): "
             f"{where}"
         )
+    uncounted = getattr(census, "uncounted", None)
+    if uncounted:
+        named = "; ".join(f"{who} ({why})" for who, why in uncounted.items())
+        more = f"; and {census.uncounted_more} more" if census.uncounted_more else ""
+        notes.append(
+            f"memory the tensor census cannot count: {named}{more}: "
+            + ("it is in 'other'" if device.kind == CUDA else "it is in none of the figures")
+        )
     dynamo = sys.modules.get("torch._dynamo")
     if dynamo is not None:
         try:

@@ -26,12 +26,19 @@ from typing import Protocol
 from gpumagic.cell import Statement, error_text
 from gpumagic.memory.census.categories import OTHER
 from gpumagic.memory.census.ledger import Settled
-from gpumagic.memory.trace.readers import HostMemory, Reader, Reading
+from gpumagic.memory.trace.readers import HostMemory, Reader, Reading, TensorMemory
 from gpumagic.tracebacks import hidden_hook
 
 # The timeline keeps at most this many points: past it, every other point is dropped and
 # only every 2nd (4th, ...) boundary is recorded; peaks in between are folded in.
 _TIMELINE_MAX = 4096
+# The host's RSS is read at a boundary only when this long has passed since it was last read
+# (a reading, a pread of /proc/self/status, costs 8-40 us: many times a cheap statement).
+# What statements inside that window did to the RSS lands on the first statement after it
+# that reads, nothing lost: the peak is a high-water mark the kernel keeps until it is read
+# and reset. 1 ms is the resolution of the sampled fallback (readers.HostMemory) too. The
+# cell's own figures (its start, end and peak) are always read.
+_HOST_GAP_NS = 1_000_000
 
 
 Categories = tuple[int, ...]  # bytes by category, in gpumagic.memory.census.categories' order
@@ -45,6 +52,8 @@ class Census(Protocol):
     """What the tracer needs of a tensor census: end a statement, open the next."""
 
     def settle(self, statement: int) -> Settled: ...
+
+    def settle_quiet(self, statement: int) -> Settled | None: ...
 
 
 @dataclass(frozen=True)
@@ -137,6 +146,13 @@ class MemoryTracer:
         self.host_after = [0] * n
         self.time_ns = [0] * n
         self._census = census
+        # The census's own total is the traced device's (the CPU with the census on): a
+        # boundary where the census saw nothing happen needs no reading at all (enter()).
+        self._quiet_census = (
+            census if isinstance(reader, TensorMemory) and reader.tracker is census else None
+        )
+        self._quiet_from: Settled | None = None  # the settlement _quiet_cats derive from
+        self._quiet_cats: Categories = ()
         self.categories: list[Categories | None] = [None] * n
         self.peak_categories: list[Categories | None] = [None] * n
         self.at_peak: PeakMoment | None = None
@@ -146,10 +162,14 @@ class MemoryTracer:
         self._start_ns = 0
         self._start_cur = 0
         self._start_host = 0
+        self._host_read_ns = 0  # when the host was last read
+        self._host_last = Reading(0, 0, 0)
         # whole-cell numbers
         self.started_ns = time.perf_counter_ns()
         first = reader.read()
         first_host = host.read() if self._separate_host else first
+        self._host_last = first_host
+        self._host_read_ns = self.started_ns
         self.initial = first.current
         self.initial_reserved = first.reserved
         self.initial_host = first_host.current
@@ -173,20 +193,71 @@ class MemoryTracer:
     # -- the probe ---------------------------------------------------------------------------
     @hidden_hook
     def enter(self, index: int) -> None:
+        census = self._quiet_census
+        if census is not None and self._sync is None:
+            now = time.perf_counter_ns()
+            if now - self._host_read_ns < _HOST_GAP_NS and self.open >= 0:
+                settled = census.settle_quiet(index)
+                if settled is not None:
+                    self._pass(now, index, settled)
+                    return
         if self._sync is not None:
             self._synchronize()
         now = time.perf_counter_ns()
         dev = self._reader.read()
-        host = self._host.read() if self._separate_host else dev
+        host = self._read_host(now, dev)
         self._close(now, dev, host, index)
         self._reader.reset_peak()
-        if self._separate_host:
+        if self._separate_host and self._host_read_ns == now:
             self._host.reset_peak()
         self.open = index
         self.hits[index] += 1
         self._start_ns = time.perf_counter_ns()
         self._start_cur = dev.current
         self._start_host = host.current
+
+    def _read_host(self, now: int, dev: Reading) -> Reading:
+        """The host at this boundary: read when :data:`_HOST_GAP_NS` has passed since the last
+        reading; otherwise the last reading's state, with no peak above it (the kernel's
+        high-water mark keeps whatever happens until the next reading, which reports it)."""
+        if not self._separate_host:
+            return dev
+        if now - self._host_read_ns >= _HOST_GAP_NS:
+            self._host_read_ns = now
+            self._host_last = self._host.read()
+            return self._host_last
+        rss = self._host_last.current
+        return Reading(rss, rss, rss)
+
+    def _pass(self, now: int, index: int, settled: Settled) -> None:
+        """A boundary after a statement that made, freed and moved nothing, the host's last
+        reading recent: what :meth:`_close` and :meth:`enter` do with readings equal to the
+        statement's start (its delta and peak 0, its categories those of the last
+        settlement), without reading anything. A cheap Python statement costs this."""
+        i = self.open
+        cur = self._start_cur
+        if settled is not self._quiet_from:
+            self._quiet_from = settled
+            self._quiet_cats = _complete(settled.after, cur)
+        self.boundaries += 1
+        self.after[i] = cur
+        self.reserved_after[i] = cur
+        self.host_after[i] = self._start_host
+        self.time_ns[i] += now - self._start_ns
+        self.categories[i] = self._quiet_cats
+        if self.boundaries % self._stride or cur > self._pending_peak:
+            self._record(now, cur, cur, i, self._quiet_cats, None)
+        else:  # _record's common case, inline
+            self.timeline.append(
+                ((now - self.started_ns) / 1e9, cur, i, self._pending_peak, self._quiet_cats, self._pending_cats)
+            )
+            self._pending_peak = cur
+            self._pending_cats = self._quiet_cats
+            if len(self.timeline) > _TIMELINE_MAX:
+                self._thin()
+        self.open = index
+        self.hits[index] += 1
+        self._start_ns = time.perf_counter_ns()
 
     def _synchronize(self) -> None:
         assert self._sync is not None
@@ -237,7 +308,7 @@ class MemoryTracer:
         after = at_peak = None
         if settled is not None:
             after, at_peak = self._categorise(i, settled, dev)
-        self._record(now, dev, i, after, at_peak)
+        self._record(now, dev.current, dev.peak, i, after, at_peak)
 
     def _categorise(
         self, i: int, settled: Settled, dev: Reading
@@ -261,37 +332,47 @@ class MemoryTracer:
         return after, at_peak
 
     def _record(
-        self, now: int, dev: Reading, index: int, after: Categories | None, at_peak: Categories | None
+        self,
+        now: int,
+        current: int,
+        peak: int,
+        index: int,
+        after: Categories | None,
+        at_peak: Categories | None,
     ) -> None:
-        if dev.peak > self._pending_peak:
-            self._pending_peak = dev.peak
+        if peak > self._pending_peak:
+            self._pending_peak = peak
             self._pending_cats = at_peak if at_peak is not None else after
         if self.boundaries % self._stride:
             return
         self.timeline.append(
             (
                 (now - self.started_ns) / 1e9,
-                dev.current,
+                current,
                 index,
                 self._pending_peak,
                 after,
                 self._pending_cats,
             )
         )
-        self._pending_peak = dev.current
+        self._pending_peak = current
         self._pending_cats = after
         if len(self.timeline) > _TIMELINE_MAX:
-            kept = self.timeline[::2]
-            # fold the dropped points' peaks into the kept ones so no peak disappears
-            for k in range(1, len(self.timeline), 2):
-                j = (k - 1) // 2
-                t, cur, idx, pk, cats, pk_cats = kept[j]
-                dropped = self.timeline[k]
-                if dropped[3] > pk:
-                    pk, pk_cats = dropped[3], dropped[5]
-                kept[j] = (t, cur, idx, pk, cats, pk_cats)
-            self.timeline = kept
-            self._stride *= 2
+            self._thin()
+
+    def _thin(self) -> None:
+        """Keep every other point of the timeline, and record every other boundary from now on."""
+        kept = self.timeline[::2]
+        # fold the dropped points' peaks into the kept ones so no peak disappears
+        for k in range(1, len(self.timeline), 2):
+            j = (k - 1) // 2
+            t, cur, idx, pk, cats, pk_cats = kept[j]
+            dropped = self.timeline[k]
+            if dropped[3] > pk:
+                pk, pk_cats = dropped[3], dropped[5]
+            kept[j] = (t, cur, idx, pk, cats, pk_cats)
+        self.timeline = kept
+        self._stride *= 2
 
     # -- end of the cell -------------------------------------------------------------------
     def stop(self) -> TraceTotals:
