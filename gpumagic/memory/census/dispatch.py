@@ -24,6 +24,7 @@ from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from gpumagic.memory.census.wrapped import inner_tensors, is_wrapper
 from gpumagic.tracebacks import exception_chain
 
 __all__ = ["FRESH", "MUTATED", "VIEW", "StorageMode", "drop_own_frames", "leave_mode", "output_kind", "skip_in_dynamo"]
@@ -95,9 +96,21 @@ class StorageMode(TorchDispatchMode):
                         for item in out:
                             if type(item) is tracker.tensor_type:
                                 tracker.see(item, fresh)
+                            elif is_wrapper(item):
+                                _see_inside(tracker, item, fresh)
+                    elif is_wrapper(out):
+                        _see_inside(tracker, out, fresh)
             except Exception as exc:  # the tracker's own failure never reaches the cell
                 tracker.fail(exc)
         return out
+
+
+def _see_inside(tracker: Any, out: Any, fresh: bool) -> None:
+    """A wrapper subclass's result (a DTensor): its inner operations ran with this mode off,
+    so its local tensors are seen here (:mod:`gpumagic.memory.census.wrapped`)."""
+    for inner in inner_tensors(out):
+        if type(inner) is tracker.tensor_type:
+            tracker.see(inner, fresh)
 
 
 def drop_own_frames(error: BaseException) -> None:

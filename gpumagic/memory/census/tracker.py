@@ -81,6 +81,7 @@ from gpumagic.memory.census.reach import (
     tensors_in,
     user_items,
 )
+from gpumagic.memory.census.wrapped import StorageResizes, inner_tensors, is_wrapper, viewing
 from gpumagic.namespace import module_tensors, small_values, submodules
 
 __all__ = ["CUDA_ROUNDING", "TensorTracker", "drop_own_frames", "on_cpu"]
@@ -185,6 +186,7 @@ class TensorTracker:
             optim.register_optimizer_step_pre_hook(self._step_starts),
             optim.register_optimizer_step_post_hook(self._step_ends),
         ]
+        StorageResizes.add(self._on_resize)
         self._mode = StorageMode(self)
         self._mode.__enter__()
         self.active = True
@@ -192,6 +194,7 @@ class TensorTracker:
     def stop(self) -> None:
         """Stop seeing new tensors (the cell ended); frees are still counted until close()."""
         self.active = False
+        StorageResizes.remove(self._on_resize)
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
@@ -292,6 +295,26 @@ class TensorTracker:
             pass  # keeps its category
         ledger.add(rec)
 
+    def _on_resize(self, storage: Any) -> None:
+        """A storage resized outside the dispatcher (:mod:`gpumagic.memory.census.wrapped`):
+        a counted one takes its new size; one made out of sight before the cell and grown
+        now (FSDP2's unsharded parameters, emptied after the last step) is an allocation."""
+        try:
+            rec = self._live.get(storage._cdata)
+            if rec is not None:
+                self._resized(rec, storage)
+            elif self.active and storage.nbytes() > 0:
+                self.see(viewing(storage), True)
+        except Exception as exc:
+            self.fail(exc)
+
+    def record_of(self, t: Any) -> Record | None:
+        """The record counting ``t``'s storage now (None: not counted). For callers that mark
+        moments of a run and want to know which storages were which then (``%%memfit``'s
+        sharding model resolves parameters and gradients with it)."""
+        st = t.untyped_storage()
+        return self._live.get(st._cdata)
+
     def _freed(self, ref: Any) -> None:
         try:
             rec = self._by_ref.pop(id(ref), None)
@@ -364,6 +387,10 @@ class TensorTracker:
             self.fail(exc)
 
     def _classify_tensor(self, t: Any, cat: int) -> None:
+        if is_wrapper(t):  # a DTensor's memory is its local tensor
+            for inner in inner_tensors(t):
+                self._classify_tensor(inner, cat)
+            return
         if not issubclass(type(t), self.tensor_type):
             return
         rec = self._live.get(t.untyped_storage()._cdata)
@@ -492,6 +519,11 @@ class TensorTracker:
                 self._existing(t, OTHER)
 
     def _existing(self, t: Any, cat: int) -> Record | None:
+        if is_wrapper(t):  # a DTensor's memory is its local tensor
+            found = None
+            for inner in inner_tensors(t):
+                found = self._existing(inner, cat) or found
+            return found
         if not issubclass(type(t), self.tensor_type):
             return None
         if not self.keep(t):
