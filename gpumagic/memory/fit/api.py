@@ -5,7 +5,7 @@ is the same from a script."""
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +18,8 @@ from gpumagic.memory.fit.headroom import FRAGMENTATION, HeadroomLine, headroom, 
 from gpumagic.memory.fit.notes import dry_run_notes, why_stopped
 from gpumagic.memory.fit.result import MemFit, Target, WhatIf
 from gpumagic.memory.fit.shadow import code_names
+from gpumagic.memory.fit.sharding.fit import sharded
+from gpumagic.memory.fit.sharding.record import StepRecorder
 from gpumagic.memory.fit.what_if import make_fix
 from gpumagic.namespace import is_a
 from gpumagic.units import parse_size
@@ -30,7 +32,8 @@ _CONVOLUTIONS = ("convolution", "cudnn_convolution", "_convolution", "conv2d.", 
 class FitOptions:
     """``gpu``: a card of the table; ``memory``: a size instead ("24GiB"); neither: this
     machine's GPU, if any. ``batch``: (variable, sizes to try). ``what_if``: fix names.
-    ``hidden``: names used as they are (IPython's own). ``timeout_s``: per dry run."""
+    ``hidden``: names used as they are (IPython's own). ``timeout_s``: per dry run.
+    ``shard``: (GPUs, modes): each mode's per-rank peak (:mod:`.sharding`)."""
 
     gpu: str | None = None
     memory: int | str | None = None
@@ -39,6 +42,7 @@ class FitOptions:
     hidden: frozenset[str] = frozenset()
     timeout_s: float = DEFAULT_TIMEOUT_S
     extra: dict[str, Any] = field(default_factory=dict)
+    shard: tuple[int, list[str]] | None = None  # --gpus N --shard MODES (memory/fit/sharding)
 
 
 def resolve_target(gpu: str | None, memory: int | str | None) -> Target | None:
@@ -65,15 +69,27 @@ def resolve_target(gpu: str | None, memory: int | str | None) -> Target | None:
 
 
 def _headroom(run: DryRun, target: Target | None) -> list[HeadroomLine]:
+    return _lines_for(run)(target)
+
+
+def _lines_for(run: DryRun) -> Callable[[Target | None], list[HeadroomLine]]:
+    """The headroom of ``run`` on any card, the allocator's replay made once."""
     ops = run.accounting.ops
     trace = run.accounting.trace
-    return headroom(
-        matmuls=any(name.startswith(_MATMULS) for name in ops),
-        convolutions=any(name.startswith(_CONVOLUTIONS) for name in ops),
-        fragmentation=AllocatorModel().replay(trace).fragmentation if trace is not None else None,
-        capability_major=target.capability if target else None,
-        total_bytes=target.capacity if target else None,
-    )
+    matmuls = any(name.startswith(_MATMULS) for name in ops)
+    convolutions = any(name.startswith(_CONVOLUTIONS) for name in ops)
+    fragmentation = AllocatorModel().replay(trace).fragmentation if trace is not None else None
+
+    def lines(target: Target | None) -> list[HeadroomLine]:
+        return headroom(
+            matmuls=matmuls,
+            convolutions=convolutions,
+            fragmentation=fragmentation,
+            capability_major=target.capability if target else None,
+            total_bytes=target.capacity if target else None,
+        )
+
+    return lines
 
 
 def predict(prepared: PreparedCell, user_ns: dict[str, Any], opts: FitOptions) -> MemFit:
@@ -99,7 +115,8 @@ def predict(prepared: PreparedCell, user_ns: dict[str, Any], opts: FitOptions) -
             count=counted.get("count"), **kw,
         )
 
-    main = run()
+    recorder = StepRecorder() if opts.shard is not None else None
+    main = run(transform=recorder.install) if recorder is not None else run()
     counted["count"] = main.counted
     lines = _headroom(main, target)
     acc = main.accounting
@@ -128,11 +145,27 @@ def predict(prepared: PreparedCell, user_ns: dict[str, Any], opts: FitOptions) -
         ]
     if opts.batch is not None and main.error is None:
         fit.batch = _fit_batch(opts.batch, target, lines, acc.peak_bytes, run)
+    if recorder is not None and opts.shard is not None:
+        fit.shard = _sharded(recorder, opts.shard, target, main)
     names_read = code_names([*prepared.body, prepared.last_expr])
     for name in opts.what_if:
         fit.what_ifs.append(_what_if(name, batch_base, names_read, user_ns, main, run))
     fit.seconds = time.perf_counter() - started
     return fit
+
+
+def _sharded(recorder: StepRecorder, shard: tuple[int, list[str]], target: Target | None, main: DryRun) -> Any:
+    """``--gpus N --shard MODES`` (:mod:`.sharding`), each card's headroom as for one GPU."""
+    lines = _lines_for(main)
+    capability = {g.name: g.capability for g in GPUS}
+    if target is not None:
+        capability[target.name] = target.capability
+
+    def card_lines(card: tuple[str, int, int]) -> list[HeadroomLine]:
+        return lines(Target(card[0], card[1], card[2], capability=capability.get(card[0])))
+
+    wanted = (target.name, target.capacity, target.uncertainty) if target is not None else None
+    return sharded(recorder, shard, wanted, card_lines, main.accounting.peak_bytes)
 
 
 def _fit_batch(batch: tuple[str, list[int]], target: Target | None, lines: list[HeadroomLine], peak: int, run: Any) -> Any:
