@@ -58,3 +58,14 @@ optimizer.zero_grad()
 
 # name -> (model factory, the training step: `model` and `optimizer` are the namespace's)
 MODELS = {"mlp": (MLPStack, MLP_STEP), "gpt2": (gpt2, GPT2_STEP)}
+
+
+def stepped(model: str, **kw: object) -> tuple[dict[str, object], str]:
+    """A namespace with the model and AdamW after one real step (the optimizer's state
+    exists, as in every step after the first), and the step's source."""
+    make, step = MODELS[model]
+    torch.manual_seed(0)
+    net = make(**kw)
+    ns: dict[str, object] = {"torch": torch, "model": net, "optimizer": torch.optim.AdamW(net.parameters(), lr=1e-3)}
+    exec(compile(step, "<step>", "exec"), ns)
+    return ns, step

@@ -109,3 +109,30 @@ def run_ranks(model: str, modes: list[str], world: int = 2, timeout_s: float = 9
                     p.join(timeout=30)
             return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world)]
     raise RuntimeError(f"could not start {world} ranks: {last}")
+
+
+def main(argv: list[str]) -> None:
+    """``python tests/memfit/sharded_run.py [mlp|gpt2 ...]``: the prediction of
+    ``%%memfit --gpus 2 --shard ddp,fsdp`` beside each real rank's peak (the slow test's
+    figures, printed)."""
+    sys.path[:0] = [str(HERE), str(HERE.parents[1])]
+    import torch
+    from sharded_models import stepped
+
+    from gpumagic.memory.fit.api import memfit
+
+    torch._C._set_mkldnn_enabled(False)
+    for model in argv or ["mlp", "gpt2"]:
+        ns, step = stepped(model)
+        fit = memfit(step, ns, gpus=2, shard="ddp,fsdp")
+        predicted = dict(zip(fit.shards["mode"], fit.shards["peak_bytes"]))
+        ranks = run_ranks(model, ["ddp", "fsdp"])
+        for mode in ("ddp", "fsdp"):
+            real = [r[mode]["steady"] for r in ranks]
+            error = predicted[mode] / max(real) - 1
+            print(f"{model:5} {mode:5} predicted {predicted[mode]:>12,} real per rank "
+                  f"{', '.join(f'{b:,}' for b in real)}  ({error:+.2%})")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 pd = pytest.importorskip("pandas")
 
-from sharded_models import MODELS  # noqa: E402
+from sharded_models import stepped  # noqa: E402
 
 from gpumagic.memory.fit.sharding.modes import ZERO_PERSISTENCE, ddp_buckets, zero_model_states  # noqa: E402
 
@@ -30,13 +30,8 @@ def _onednn_off():
 
 
 def _setup(ip, model: str, **kw) -> str:
-    """The model and AdamW in the namespace after one real step (the optimizer's state
-    exists, as in every step after the first); returns the step's source."""
-    make, step = MODELS[model]
-    torch.manual_seed(0)
-    net = make(**kw)
-    ip.user_ns.update(torch=torch, model=net, optimizer=torch.optim.AdamW(net.parameters(), lr=1e-3))
-    exec(compile(step, "<step>", "exec"), ip.user_ns)
+    ns, step = stepped(model, **kw)
+    ip.user_ns.update(ns)
     return step
 
 

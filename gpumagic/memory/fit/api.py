@@ -221,23 +221,31 @@ def memfit(
     batch: tuple[str, Sequence[int]] | None = None,
     what_if: Sequence[str] | str = (),
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    gpus: int | None = None,
+    shard: str | None = None,
 ) -> MemFit:
     """Predict the CUDA peak of ``source`` (a cell's code) run in ``namespace`` (a script's
     ``globals()``), by a dry run on fake tensors: nothing is allocated, no GPU is needed, and
-    ``namespace`` is left as it was.
+    ``namespace`` is left as it was. ``gpus`` and ``shard`` (``"fsdp"``, ``"ddp,zero3"``,
+    ``"all"``): one rank's peak sharded over that many GPUs (``.shards``).
 
     >>> fit = gpumagic.memfit("loss = model(x).sum()\\nloss.backward()", globals(), gpu="A100 80GB")
     >>> fit.peak_bytes, fit.fits
     """
+    from gpumagic.memory.fit.sharding.fit import parse_modes
     from gpumagic.memory.fit.what_if import parse_fixes
 
     fixes = parse_fixes(what_if) if isinstance(what_if, str) else list(what_if)
+    if (gpus is None) != (shard is None) or (gpus is not None and gpus < 1):
+        raise ValueError("give gpus (a whole number >= 1) and shard together")
+    sharding = (gpus, parse_modes(shard)) if gpus is not None and shard is not None else None
     opts = FitOptions(
         gpu=gpu,
         memory=memory,
         batch=(batch[0], [int(v) for v in batch[1]]) if batch is not None else None,
         what_if=fixes,
         timeout_s=timeout_s,
+        shard=sharding,
     )
     # plain Python: no IPython syntax; tracebacks read the source from linecache as <memfit-N>
     prepared = prepare(PythonCompiler("memfit"), source, None, instrument=True, raise_compile_errors=True)

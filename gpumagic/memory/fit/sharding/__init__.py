@@ -7,6 +7,6 @@ modelled on the cell's own step rather than on totals (issue 26).
 * :mod:`.modes`, :mod:`.machines` - what each mode holds and allocates, and when, with the
   torch, DeepSpeed and paper sources of each rule;
 * :mod:`.replay` - one rank's timeline and peak for a mode and N;
-* :mod:`.fit` - the ``--gpus N --shard MODE`` answer, the smallest N for a card, the what-if
-  rows.
+* :mod:`.fit` - the ``--gpus N --shard MODE`` answer, the smallest card, the smallest N for a
+  card.
 """

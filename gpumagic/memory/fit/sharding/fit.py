@@ -1,6 +1,5 @@
 """``%%memfit --gpus N --shard MODE``: each mode's peak on one rank at N GPUs, the cards it
-fits then, and the smallest N at which it fits the card asked for; and the what-if rows of
-the same (``--what-if fsdp:8``). Everything comes from one recorded dry run
+fits then, and the smallest N at which it fits the card asked for. Everything comes from one recorded dry run
 (:mod:`.record`) replayed per mode and N (:mod:`.replay`): a search over N costs replays,
 not dry runs.
 
@@ -25,7 +24,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = [
-    "MAX_GPUS", "ShardFit", "ShardRow", "parse_modes", "parse_shard_fix", "shard_fit", "shard_table", "shard_what_if",
+    "MAX_GPUS", "ShardFit", "ShardRow", "parse_modes", "shard_fit", "shard_table",
     "sharded",
 ]
 
@@ -71,19 +70,6 @@ def parse_modes(text: str) -> list[str]:
     if unknown or not names:
         raise ValueError(f"unknown sharding mode {', '.join(unknown) or '(none)'}: choose from {', '.join(MODES)} or all")
     return list(dict.fromkeys(names))
-
-
-def parse_shard_fix(name: str) -> tuple[str, int | None] | None:
-    """``fsdp``, ``zero3:8``... as (mode, N or None); None when ``name`` is no sharding row;
-    ValueError for a bad N."""
-    mode, _, count = name.partition(":")
-    if mode not in MODES:
-        return None
-    if not count:
-        return mode, None
-    if not count.isdigit() or int(count) < 1:
-        raise ValueError(f"{name}: give the number of GPUs as a whole number >= 1 ({mode}:8)")
-    return mode, int(count)
 
 
 def _need(rank: RankPeak, lines: list[HeadroomLine], base_peak: int) -> list[HeadroomLine]:
@@ -164,22 +150,6 @@ def shard_fit(
         )
         out.rows.append(row)
     return out
-
-
-def shard_what_if(name: str, trace: StepTrace | None, problem: str, gpus: int | None) -> tuple[str, RankPeak | None, str]:
-    """A what-if row ``fsdp:8``: (what it assumed, the rank's peak, why not)."""
-    parsed = parse_shard_fix(name)
-    assert parsed is not None
-    mode, n = parsed
-    n = n or gpus
-    if n is None:
-        return "", None, f"give --gpus N or {mode}:N"
-    if trace is None:
-        return "", None, problem or "no recorded step to replay"
-    rank = Replayer(trace).rank(mode, n)
-    units = len(trace.plan.units)
-    changed = f"one rank of {n}: {MODES[mode].what}" + (f" ({units} units)" if mode in ("fsdp", "zero3") else "")
-    return changed, rank, ""
 
 
 def assumptions(trace: StepTrace) -> list[str]:
