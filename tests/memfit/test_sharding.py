@@ -66,11 +66,37 @@ def test_bad_sharding_options_are_usage_errors(ip, run, line, message):
 def test_one_gpu_is_the_plain_run_and_recording_changes_nothing(ip, run):
     step = _setup(ip, "mlp")
     plain = _fit(run, ip, "", step)
-    fit = _fit(run, ip, "--gpus 1 --shard fsdp,zero2,zero3", step)
+    fit = _fit(run, ip, "--gpus 1 --shard zero1,zero2,zero3,fsdp", step)
     assert fit.peak_bytes == plain.peak_bytes  # the recording hooks allocate nothing
     table = fit.shards.set_index("mode")
-    for mode in ("fsdp", "zero2", "zero3"):  # one rank of one holds everything, no buffer
+    for mode in ("zero1", "zero2", "zero3"):  # one rank of one holds everything, no buffer
         assert table.loc[mode, "peak_bytes"] == plain.peak_bytes, table
+    # FSDP2 on one GPU still gathers each unit into new tensors
+    assert table.loc["fsdp", "peak_bytes"] > plain.peak_bytes
+
+
+def test_fsdp_on_one_process_against_the_real_run(ip, run, tmp_path):
+    """FSDP2 on a one-process gloo group, in this process: the census counts its DTensor
+    gradients and its re-gathered parameters (without memory/census/wrapped.py it counted no
+    gradient at all), and the prediction for one GPU is within 10% of it."""
+    import torch.distributed as dist
+    from real_run import measure, prepare_source
+    from sharded_run import OPTIMIZER, WRAP
+
+    from gpumagic.memory.fit.sharding.units import unit_modules
+
+    step = _setup(ip, "mlp")
+    predicted = _fit(run, ip, "--gpus 1 --shard fsdp", step).shards.loc[0, "peak_bytes"]
+    ns, _ = stepped("mlp")
+    ns = {"torch": torch, "net": ns["model"], "units": [m for _, m in unit_modules(ns["model"])]}
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        measure(prepare_source(WRAP["fsdp"] + OPTIMIZER + step), ns)
+        real = measure(prepare_source(step), ns)
+    finally:
+        dist.destroy_process_group()
+    assert real.categories["gradients"] > 0, real.categories
+    assert predicted == pytest.approx(real.peak_bytes, rel=0.10), (predicted, real.peak_bytes)
 
 
 def test_each_mode_divides_what_it_divides(ip, run):

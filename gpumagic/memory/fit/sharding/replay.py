@@ -157,8 +157,8 @@ class Replayer:
     def _machine(self, mode: str, n: int, syn: Synthetic) -> dict[int, list[tuple[int, int]]]:
         """The mode's own allocations at the marks; returns where each parameter's new
         gradient is reduced: parameter -> [(position, order)]."""
-        if n <= 1 and mode != "ddp":
-            return {}
+        if n <= 1 and mode not in ("ddp", "fsdp"):
+            return {}  # FSDP2 gathers its units into new tensors even on one GPU (measured)
         if mode == "fsdp":
             return fsdp_machine(self, n, syn)
         if mode == "zero3":
