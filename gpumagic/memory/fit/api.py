@@ -18,7 +18,7 @@ from gpumagic.memory.fit.headroom import FRAGMENTATION, HeadroomLine, headroom, 
 from gpumagic.memory.fit.notes import dry_run_notes, why_stopped
 from gpumagic.memory.fit.result import MemFit, Target, WhatIf
 from gpumagic.memory.fit.shadow import code_names
-from gpumagic.memory.fit.sharding.fit import sharded
+from gpumagic.memory.fit.sharding.fit import ShardFit, sharded
 from gpumagic.memory.fit.sharding.record import StepRecorder
 from gpumagic.memory.fit.what_if import make_fix
 from gpumagic.namespace import is_a
@@ -154,7 +154,7 @@ def predict(prepared: PreparedCell, user_ns: dict[str, Any], opts: FitOptions) -
     return fit
 
 
-def _sharded(recorder: StepRecorder, shard: tuple[int, list[str]], target: Target | None, main: DryRun) -> Any:
+def _sharded(recorder: StepRecorder, shard: tuple[int, list[str]], target: Target | None, main: DryRun) -> ShardFit:
     """``--gpus N --shard MODES`` (:mod:`.sharding`), each card's headroom as for one GPU."""
     lines = _lines_for(main)
     capability = {g.name: g.capability for g in GPUS}
