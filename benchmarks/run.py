@@ -26,7 +26,12 @@ ISSUE_27_BASELINE = "343c11d"
 
 BENCHMARKS: list[tuple[str, list[str], str]] = [
     ("bench_memtrace", [], "%%memtrace's cost on a training loop and on cheap statements"),
-    ("bench_memfit", [], "%%memfit's dry run against the real step"),
+    (
+        "bench_memfit",
+        [],
+        "issue 27 item 3, issue 26 item 8: %%memfit's warm dry run against the real step, "
+        "median over models (<= 0.5), and one allocator replay a run",
+    ),
     (
         "bench_profile",
         [],

@@ -3,8 +3,12 @@ caching allocator's model, the batch search, the line offered after an out-of-me
 
 from __future__ import annotations
 
+import itertools
+import random
+
 import pytest
 
+from gpumagic.memory.fit import api as fit_api
 from gpumagic.memory.fit.allocator import AllocatorModel
 from gpumagic.memory.fit.batch import BatchPoint, largest_batch
 from gpumagic.memory.fit.gpus import GPUS, find_gpu
@@ -12,6 +16,7 @@ from gpumagic.memory.fit.headroom import HeadroomLine, headroom, verdict
 from gpumagic.memory.fit.suggest import memfit_line
 
 MiB, GiB = 2**20, 2**30
+torch = pytest.importorskip("torch")
 
 
 def test_the_table_has_the_cards_the_issue_names_each_with_a_source():
@@ -96,6 +101,136 @@ def test_the_allocator_model_states_fragmentation():
     for i in range(40):  # freed, the reserve stays: segments are not given back
         m.release(i)
     assert (m.requested, m.allocated, m.reserved) == (0, 0, 60 * MiB)
+
+
+def test_a_freed_block_merges_with_both_neighbours_in_a_segment_of_many_blocks():
+    m = AllocatorModel()
+    for key in range(8):  # eight 64 KiB blocks of one 2 MiB small-pool segment
+        m.malloc(key, 64 * 1024)
+    assert m.reserved == 2 * MiB
+    m.release(2)
+    m.release(4)
+    m.release(3)  # between two free blocks: one free block of 192 KiB where 2, 3 and 4 were
+    m.malloc(9, 192 * 1024)  # fits there exactly: no new segment
+    assert m.reserved == 2 * MiB
+    (segment,) = m._segments
+    assert [(b.offset, b.size, b.free) for b in sorted(segment.values(), key=lambda b: b.offset)][1:4] == [
+        (64 * 1024, 64 * 1024, False), (128 * 1024, 192 * 1024, False), (320 * 1024, 64 * 1024, False)
+    ]
+
+
+def test_after_every_free_each_segment_is_one_free_block_again():
+    # random mixed sizes over both pools: whatever the order of frees, neighbours merge
+    # until each segment is whole, and the blocks of a segment tile it at every step
+    rng = random.Random(7)
+    m = AllocatorModel()
+    live: list[int] = []
+    for key in range(3000):
+        if live and rng.random() < 0.45:
+            m.release(live.pop(rng.randrange(len(live))))
+        else:
+            m.malloc(key, rng.choice([rng.randint(1, 4096), rng.randint(4096, MiB), rng.randint(MiB, 30 * MiB)]))
+            live.append(key)
+        if key % 500 == 0:
+            _check_tiling(m)
+    for key in live:
+        m.release(key)
+    _check_tiling(m)
+    assert all(len(segment) == 1 and segment[0].free for segment in m._segments)
+    assert (m.requested, m.allocated) == (0, 0)
+
+
+def _check_tiling(m: AllocatorModel) -> None:
+    for segment in m._segments:
+        blocks = sorted(segment.values(), key=lambda b: b.offset)
+        for a, b in itertools.pairwise(blocks):
+            assert a.offset + a.size == b.offset and a.next is b and b.prev is a
+            assert not (a.free and b.free)  # free neighbours are always merged
+        assert blocks[0].prev is None and blocks[-1].next is None
+
+
+def test_one_allocator_replay_serves_every_card(ip, run, monkeypatch):
+    # The model reads no property of the card (allocator.py), so a %%memfit that judges all
+    # sixteen cards of the table replays the cell's allocations once, not once per card.
+    if torch.cuda.is_available():
+        pytest.skip("with a GPU the target is this GPU")
+    replays = []
+    replay = AllocatorModel.replay
+
+    def counted(self, trace):
+        replays.append(replay(self, trace))
+        return replays[-1]
+
+    monkeypatch.setattr(AllocatorModel, "replay", counted)
+    ip.user_ns.update(torch=torch, net=torch.nn.Linear(64, 64))
+    r = run("%%memfit -q\nout = net(torch.randn(32, 64)).sum()\nout.backward()\n")
+    assert r.result.success, r.result.error_in_exec
+    fit = ip.user_ns["_memfit"]
+    assert len(fit.verdicts) == len(GPUS) > 1
+    assert len(replays) == 1 and replays[0].peak_requested == fit.peak_bytes
+    assert [line.bytes for line in fit.headroom if line.what == "allocator fragmentation"] == [replays[0].fragmentation]
+
+
+# Cells whose peaks (fake tensors: nothing is allocated) fall on either side of the table's
+# cards and near some, so that the verdicts differ from card to card, with frees in between
+# that leave the allocator's model a fragmentation to state.
+_CELLS_FOR_EVERY_CARD = [
+    "out = net(torch.randn(32, 64)).sum()\nout.backward()\n",
+    "conv = torch.nn.Conv2d(3, 8, 3)\ny = conv(torch.randn(4, 3, 32, 32)).relu().sum()\ny.backward()\n",
+    # 14.5 GiB and 7 GiB: a peak of 21.5 GiB, within the headroom's range of L4 and A10G
+    "a = torch.randn(29, 128, 1024, 1024)\nb = a[:14] @ a[:14]\ndel a\nc = b.sum(0)\n",
+    "xs = [torch.randn(n, 1024, 1024) for n in (3000, 500, 7000, 20, 2500)]\ndel xs[1::2]\n"
+    "y = torch.randn(6000, 1024, 1024)\n",
+]
+
+
+@pytest.mark.parametrize("cell", _CELLS_FOR_EVERY_CARD)
+def test_every_cards_prediction_is_the_one_a_replay_per_card_gave(ip, run, monkeypatch, cell):
+    # What %%memfit did before it replayed once: for each card, a fresh allocator model over
+    # the run's trace, its headroom and its verdict. The one replay must give each card the
+    # same lines and verdict, with no target (the table) and with each card as the target.
+    if torch.cuda.is_available():
+        pytest.skip("with a GPU the target is this GPU")
+    runs, replays = [], []
+    dry_run, replay = fit_api.dry_run, AllocatorModel.replay
+
+    def kept_run(*args, **kwargs):
+        runs.append(dry_run(*args, **kwargs))
+        return runs[-1]
+
+    def counted(self, trace):
+        replays.append(trace)
+        return replay(self, trace)
+
+    monkeypatch.setattr(fit_api, "dry_run", kept_run)
+    monkeypatch.setattr(AllocatorModel, "replay", counted)
+    ip.user_ns.update(torch=torch, net=torch.nn.Linear(64, 64))
+    r = run("%%memfit -q\n" + cell)
+    assert r.result.success, r.result.error_in_exec
+    fit = ip.user_ns["_memfit"]
+    assert not fit.error, fit.error
+    (main,) = runs
+    assert len(replays) == 1 and main.accounting.trace is not None
+    ops = main.accounting.ops
+
+    def before(gpu):
+        lines = headroom(
+            matmuls=any(name.startswith(fit_api._MATMULS) for name in ops),
+            convolutions=any(name.startswith(fit_api._CONVOLUTIONS) for name in ops),
+            fragmentation=replay(AllocatorModel(), main.accounting.trace).fragmentation,
+            capability_major=gpu.capability, total_bytes=gpu.cuda_bytes,
+        )  # fmt: skip
+        return lines, verdict(fit.peak_bytes, lines, gpu.cuda_bytes, gpu.uncertainty_bytes)
+
+    assert fit.verdicts == [(g.name, g.cuda_bytes, before(g)[1]) for g in GPUS]
+    for gpu in GPUS[:: max(1, len(GPUS) // 5)]:
+        runs.clear()
+        replays.clear()
+        r = run(f'%%memfit -q --gpu "{gpu.name}"\n' + cell)
+        assert r.result.success, r.result.error_in_exec
+        fit = ip.user_ns["_memfit"]
+        lines, fits = before(gpu)
+        assert len(replays) == 1 and (fit.headroom, fit.fits) == (lines, fits), gpu.name
 
 
 def test_the_batch_search_confirms_the_largest_fitting_size():

@@ -14,12 +14,27 @@ What it leaves out: streams (blocks are per stream), ``expandable_segments`` (wh
 this fragmentation), ``max_split_size_mb``, and the release of unused cached segments the
 allocator tries before raising an out-of-memory error: it states how large the reserve
 grows when nothing is given back, the upper end of the fragmentation a run can meet.
+
+What depends on the card: nothing in the rules above. Block sizes, pools, segment sizes and
+the splitting thresholds are constants of the allocator, not fractions of the card (the
+fraction-of-the-card settings, ``garbage_collection_threshold`` and
+``set_per_process_memory_fraction``, are off by default). The card enters at one moment
+only: when a new segment does not fit in what the card has left, ``cudaMalloc`` fails and
+the allocator frees its cached free segments and tries again (then raises). The model
+leaves that moment out, so it reads no property of the card, and one replay of a run's
+allocations is the replay for every card: ``%%memfit`` makes one per dry run, whatever the
+number of cards it judges (it made one per card before, each the same). Where the card's
+size could matter, it does not change a verdict: a card judged to fit holds the peak plus
+this fragmentation plus every other line at its top, so the reserve, which only grows, never
+reached the card's limit before the peak; a card judged not to fit is judged at the bottom
+of the ranges, where this line is 0; only a verdict within the uncertainty could meet the
+release, and its range already spans 0 to this figure.
 """
 
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 KB512 = 512
 SMALL_SIZE = 1 << 20
@@ -29,12 +44,16 @@ MIN_LARGE_ALLOC = 10 << 20
 ROUND_LARGE = 2 << 20
 
 
-@dataclass
+@dataclass(eq=False)
 class _Block:
     segment: int
     offset: int
     size: int
     free: bool
+    # the segment's blocks in address order, linked as the allocator links them: a freed
+    # block finds its neighbours without a search
+    prev: _Block | None = field(default=None, repr=False)
+    next: _Block | None = field(default=None, repr=False)
 
 
 class _Pool:
@@ -112,7 +131,10 @@ class AllocatorModel:
         rest = block_size - size
         if rest >= KB512 if small else rest > SMALL_SIZE:
             block.size = size
-            tail = _Block(seg, offset + size, rest, True)
+            tail = _Block(seg, offset + size, rest, True, block, block.next)
+            if block.next is not None:
+                block.next.prev = tail
+            block.next = tail
             self._segments[seg][tail.offset] = tail
             pool.put(tail)
         block.free = False
@@ -133,16 +155,22 @@ class AllocatorModel:
         blocks = self._segments[block.segment]
         pool = self._pools[self._segment_small[block.segment]]
         block.free = True
-        after = blocks.get(block.offset + block.size)
+        after = block.next
         if after is not None and after.free:
             pool.drop(after)
             del blocks[after.offset]
             block.size += after.size
-        before = next((b for b in blocks.values() if b.offset + b.size == block.offset), None)
+            block.next = after.next
+            if after.next is not None:
+                after.next.prev = block
+        before = block.prev
         if before is not None and before.free:
             pool.drop(before)
             del blocks[block.offset]
             before.size += block.size
+            before.next = block.next
+            if block.next is not None:
+                block.next.prev = before
             block = before
         pool.put(block)
 

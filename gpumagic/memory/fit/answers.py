@@ -31,7 +31,8 @@ from torch._subclasses.fake_tensor import (
     DynamicOutputShapeException,
 )
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from gpumagic.memory.fit.devices import NoDynamoWrapper, dynamo_runs_as_is, fake_device
 
 aten = torch.ops.aten
 TRUE_ANSWERS = 3
@@ -79,7 +80,7 @@ def _upper_bound_indices(mask: torch.Tensor) -> list[torch.Tensor]:
     return [torch.zeros(n, dtype=torch.long, device=mask.device) for _ in range(max(mask.dim(), 1))]
 
 
-class ValueAnswers(TorchDispatchMode):
+class ValueAnswers(NoDynamoWrapper):
     """Answers what the fake mode below cannot (see the module docstring)."""
 
     def __init__(self, answers: Answers, check: Callable[[], None] = lambda: None) -> None:
@@ -88,6 +89,9 @@ class ValueAnswers(TorchDispatchMode):
         self.check = check  # the time limit, checked at every operation
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        device = fake_device(func, args)
+        if device is not None:
+            return device
         kwargs = kwargs or {}
         self.check()
         try:
@@ -122,6 +126,9 @@ class ValueAnswers(TorchDispatchMode):
                 self.answers.note("a boolean mask answered its upper bound (every element selected)")
                 return func(args[0], new, *args[2:], **kwargs)
         raise NeedsValues(name, self.answers.statement(), "its output's size depends on them")
+
+
+dynamo_runs_as_is(ValueAnswers)
 
 
 class ValueFunctions(TorchFunctionMode):

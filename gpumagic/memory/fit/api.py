@@ -5,7 +5,7 @@ is the same from a script."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,28 +68,35 @@ def resolve_target(gpu: str | None, memory: int | str | None) -> Target | None:
     return None
 
 
-def _headroom(run: DryRun, target: Target | None) -> list[HeadroomLine]:
-    return _lines_for(run)(target)
+@dataclass(frozen=True)
+class _CellNeeds:
+    """What the headroom reads of a dry run, the same for every card: which libraries'
+    workspaces the cell needs, and the caching allocator's fragmentation from the one replay
+    of its allocations (no card changes the replay: :mod:`.allocator` says why)."""
+
+    matmuls: bool
+    convolutions: bool
+    fragmentation: int | None
 
 
-def _lines_for(run: DryRun) -> Callable[[Target | None], list[HeadroomLine]]:
-    """The headroom of ``run`` on any card, the allocator's replay made once."""
+def _cell_needs(run: DryRun) -> _CellNeeds:
     ops = run.accounting.ops
     trace = run.accounting.trace
-    matmuls = any(name.startswith(_MATMULS) for name in ops)
-    convolutions = any(name.startswith(_CONVOLUTIONS) for name in ops)
-    fragmentation = AllocatorModel().replay(trace).fragmentation if trace is not None else None
+    return _CellNeeds(
+        matmuls=any(name.startswith(_MATMULS) for name in ops),
+        convolutions=any(name.startswith(_CONVOLUTIONS) for name in ops),
+        fragmentation=AllocatorModel().replay(trace).fragmentation if trace is not None else None,
+    )
 
-    def lines(target: Target | None) -> list[HeadroomLine]:
-        return headroom(
-            matmuls=matmuls,
-            convolutions=convolutions,
-            fragmentation=fragmentation,
-            capability_major=target.capability if target else None,
-            total_bytes=target.capacity if target else None,
-        )
 
-    return lines
+def _headroom(needs: _CellNeeds, target: Target | None) -> list[HeadroomLine]:
+    return headroom(
+        matmuls=needs.matmuls,
+        convolutions=needs.convolutions,
+        fragmentation=needs.fragmentation,
+        capability_major=target.capability if target else None,
+        total_bytes=target.capacity if target else None,
+    )
 
 
 def predict(prepared: PreparedCell, user_ns: dict[str, Any], opts: FitOptions) -> MemFit:
@@ -118,7 +125,8 @@ def predict(prepared: PreparedCell, user_ns: dict[str, Any], opts: FitOptions) -
     recorder = StepRecorder() if opts.shard is not None else None
     main = run(transform=recorder.install) if recorder is not None else run()
     counted["count"] = main.counted
-    lines = _headroom(main, target)
+    needs = _cell_needs(main)
+    lines = _headroom(needs, target)
     acc = main.accounting
     fit = MemFit(
         peak_bytes=acc.peak_bytes,
@@ -140,13 +148,13 @@ def predict(prepared: PreparedCell, user_ns: dict[str, Any], opts: FitOptions) -
         fit.error = why_stopped(main, prepared)
     if target is None:
         fit.verdicts = [
-            (g.name, g.cuda_bytes, verdict(acc.peak_bytes, _headroom(main, Target(g.name, g.cuda_bytes, capability=g.capability)), g.cuda_bytes, g.uncertainty_bytes))
+            (g.name, g.cuda_bytes, verdict(acc.peak_bytes, _headroom(needs, Target(g.name, g.cuda_bytes, capability=g.capability)), g.cuda_bytes, g.uncertainty_bytes))
             for g in GPUS
         ]
     if opts.batch is not None and main.error is None:
         fit.batch = _fit_batch(opts.batch, target, lines, acc.peak_bytes, run)
     if recorder is not None and opts.shard is not None:
-        fit.shard = _sharded(recorder, opts.shard, target, main)
+        fit.shard = _sharded(recorder, opts.shard, target, needs, acc.peak_bytes)
     names_read = code_names([*prepared.body, prepared.last_expr])
     for name in opts.what_if:
         fit.what_ifs.append(_what_if(name, batch_base, names_read, user_ns, main, run))
@@ -154,18 +162,19 @@ def predict(prepared: PreparedCell, user_ns: dict[str, Any], opts: FitOptions) -
     return fit
 
 
-def _sharded(recorder: StepRecorder, shard: tuple[int, list[str]], target: Target | None, main: DryRun) -> ShardFit:
+def _sharded(
+    recorder: StepRecorder, shard: tuple[int, list[str]], target: Target | None, needs: _CellNeeds, peak: int
+) -> ShardFit:
     """``--gpus N --shard MODES`` (:mod:`.sharding`), each card's headroom as for one GPU."""
-    lines = _lines_for(main)
     capability = {g.name: g.capability for g in GPUS}
     if target is not None:
         capability[target.name] = target.capability
 
     def card_lines(card: tuple[str, int, int]) -> list[HeadroomLine]:
-        return lines(Target(card[0], card[1], card[2], capability=capability.get(card[0])))
+        return _headroom(needs, Target(card[0], card[1], card[2], capability=capability.get(card[0])))
 
     wanted = (target.name, target.capacity, target.uncertainty) if target is not None else None
-    return sharded(recorder, shard, wanted, card_lines, main.accounting.peak_bytes)
+    return sharded(recorder, shard, wanted, card_lines, peak)
 
 
 def _fit_batch(batch: tuple[str, list[int]], target: Target | None, lines: list[HeadroomLine], peak: int, run: Any) -> Any:

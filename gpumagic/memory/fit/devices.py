@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -87,6 +88,7 @@ class DeviceMap:
         self._forced: list[str | None] = [None]
         self.mismatches = 0  # CPU tensors relabelled "cuda" because they met CUDA ones
         self.cuda_made = False  # a tensor was labelled "cuda": the cell puts tensors there
+        self._any_cuda = False  # some label says "cuda" (until then after() has nothing to do)
         # told of each tensor relabelled "cuda" (the census counts it from then on)
         self.relabelled: Callable[[torch.Tensor], None] | None = None
 
@@ -100,6 +102,7 @@ class DeviceMap:
             return found[1]
         kind = str(t.device.type)
         label = DeviceLabel(HOST if kind == "cpu" else kind)
+        self._any_cuda = self._any_cuda or kind == CUDA
         ident = id(st)
         self._labels[ident] = (weakref.ref(st, _Forget(self._labels, ident)), label)
         return label
@@ -117,9 +120,14 @@ class DeviceMap:
 
     def after(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
         """Label what ``func`` made; relabel CPU tensors it mixed with CUDA ones."""
+        forced = self._forced[-1]
+        if forced is None and not self._any_cuda:
+            # No tensor is "cuda" yet, so none of the inputs is and nothing is labelled: every
+            # op of a cell that picks its device at run time, and every op before a cell's
+            # first .cuda(), ends here.
+            return
         inputs = list(tensors_in((args, kwargs)))
         cuda_in = any(self.is_cuda(t) for t in inputs)
-        forced = self._forced[-1]
         if cuda_in and forced is None and func not in _MIXING_OK:
             for t in inputs:
                 lab = self.label(t)
@@ -132,7 +140,7 @@ class DeviceMap:
         if name is None:
             return
         if name == CUDA:
-            self.cuda_made = True
+            self.cuda_made = self._any_cuda = True
         input_ids = {id(s) for s in map(storage_of, inputs) if s is not None}
         for t in tensors_in(out):
             st = storage_of(t)
@@ -145,7 +153,45 @@ class UnmappedCuda(RuntimeError):
     autograd could touch it (that would abort the process)."""
 
 
-class DeviceLabels(TorchDispatchMode):
+_DEVICE = torch.ops.prim.device.default
+
+
+def fake_device(func: Any, args: Any) -> torch.device | None:
+    """The answer to ``prim.device`` of a fake tensor, without the modes below, or None.
+
+    A fake tensor asks the dispatcher for its device (``dispatch_device``), so every
+    ``.device`` read of it, autograd's own included (about two in three of the operations a
+    dry run dispatches), goes down every mode to the fake mode, which returns
+    ``fake_device`` outside a kernel; the dry run's modes answer the same at once."""
+    if func is _DEVICE and len(args) == 1:
+        t = args[0]
+        if isinstance(t, FakeTensor) and not t.fake_mode.in_kernel_invocation:
+            return t.fake_device
+    return None
+
+
+class NoDynamoWrapper(TorchDispatchMode):
+    """A dry run's dispatch mode whose handler torch does not wrap in ``torch._dynamo.disable``
+    (two Python frames a mode and an operation); :func:`dynamo_runs_as_is` marks the handler
+    for Dynamo to skip instead, as the census does (:mod:`gpumagic.memory.census.dispatch`)."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
+
+def dynamo_runs_as_is(*modes: type[TorchDispatchMode]) -> None:
+    try:
+        from torch._C._dynamo import eval_frame
+
+        strategy = eval_frame._FrameExecStrategy(eval_frame._FrameAction.SKIP, eval_frame._FrameAction.DEFAULT)
+        for mode in modes:
+            eval_frame.set_code_exec_strategy(mode.__torch_dispatch__.__code__, strategy)
+    except Exception:  # an older torch without this API: Dynamo skips modes there anyway
+        pass
+
+
+class DeviceLabels(NoDynamoWrapper):
     """Labels what each operation makes (see :class:`DeviceMap`), and refuses a fake CUDA
     tensor some path made without going through :class:`CudaRequests`."""
 
@@ -154,10 +200,13 @@ class DeviceLabels(TorchDispatchMode):
         self.devices = devices
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        device = fake_device(func, args)
+        if device is not None:
+            return device
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         for t in tensors_in(out):
-            if t.device.type == "cuda":
+            if (t.fake_device if isinstance(t, FakeTensor) else t.device).type == "cuda":
                 raise UnmappedCuda(
                     f"{func.overloadpacket.__name__} made a CUDA tensor the dry run could not "
                     "map to the CPU; with no GPU here, autograd on it would abort the process, "
@@ -165,6 +214,9 @@ class DeviceLabels(TorchDispatchMode):
                 )
         self.devices.after(func, args, kwargs, out)
         return out
+
+
+dynamo_runs_as_is(DeviceLabels)
 
 
 def _is_cuda_device(d: Any) -> bool:

@@ -1,12 +1,15 @@
 """One dry run: a prepared cell executed in its shadow namespace on fake tensors, under the
 accounting, with nothing of the user's touched.
 
-Layers, from the outside in: the user's global state kept (:func:`.shadow.kept_global_state`)
+Layers, from the outside in: the user's objects snapshot and put back, files kept out of
+reach (:mod:`.isolation`, :mod:`.files`); the user's global state kept (:func:`.shadow.kept_global_state`)
 and namespace bindings compared (:func:`.shadow.bindings_kept`); the cell's output captured
 (it still runs its Python, and the report says how much it printed); the shadow built;
 then the modes, bottom to top: ``FakeTensorMode`` (``allow_non_fake_inputs``: a real tensor
 the cell reaches some other way is converted, never written), the value answers
-(:mod:`.answers`), without a GPU the device labels (:mod:`.devices`), and on top the
+(:mod:`.answers`), without a GPU the device labels (:mod:`.devices`), above them every real
+tensor made fake before a call sees it (:class:`.isolation.RealTensorsFake`: without it
+``FakeTensorMode`` runs an operation whose inputs are all real for real), and on top the
 accounting engine's own mode. The cell runs through :func:`gpumagic.cell.execute`, with
 the shadow as its namespace, its statements marked by the same probe hooks as
 ``%%memtrace``'s.
@@ -47,6 +50,8 @@ from gpumagic.memory.fit.devices import (
     DeviceMap,
     swap_tensors_for_fakes,
 )
+from gpumagic.memory.fit.files import scratch_files
+from gpumagic.memory.fit.isolation import Kept, RealTensorsFake, kept_objects
 from gpumagic.memory.fit.shadow import (
     Shadow,
     bindings_kept,
@@ -115,6 +120,8 @@ class DryRun:
     changes: list[str] = field(default_factory=list)  # what a what-if changed
     counted: str = ALL  # which tensors counted: CUDA's, or ALL
     cuda_made: bool = False  # the cell made a CUDA tensor
+    files: list[tuple[int, str]] = field(default_factory=list)  # (statement, what the file overlay did)
+    kept: Kept = field(default_factory=Kept)  # the user's objects put back (.isolation)
 
 
 Transform = Callable[[Shadow], list[str]]  # changes the shadow, says what it changed
@@ -174,7 +181,9 @@ def _dry_run(
     rebound: list[str] = []
     changes: list[str] = []
     names = referenced_names([*prepared.body, prepared.last_expr], user_ns)
-    with kept_global_state(), bindings_kept(user_ns, rebound), _captured(out), swap_tensors_for_fakes(fake_mode):
+    # kept_objects outermost: it puts the user's objects back once the shadow is gone
+    with kept_objects(user_ns, hidden) as kept, kept_global_state(), bindings_kept(user_ns, rebound), \
+            _captured(out), swap_tensors_for_fakes(fake_mode), scratch_files(clock.statement) as files:
         shadow = build_shadow(names, user_ns, fake_mode, hidden)
         shadow.namespace.update(overrides or {})
         if transform is not None:
@@ -208,6 +217,8 @@ def _dry_run(
         changes=changes,
         counted=count,
         cuda_made=cuda_made(),
+        files=files.done,
+        kept=kept,
     )
 
 
@@ -266,6 +277,8 @@ def _modes(fake_mode: FakeTensorMode, answers: Answers, devices: DeviceMap | Non
             stack.enter_context(DeviceLabels(devices))
             stack.enter_context(CudaRequests(devices))
         stack.enter_context(ValueFunctions(answers, lambda t: isinstance(t, FakeTensor)))
+        # on top: every mode below, autograd and the kernels see fakes only (.isolation)
+        stack.enter_context(RealTensorsFake(fake_mode))
         yield
 
 

@@ -8,6 +8,7 @@ from gpumagic.cell import PreparedCell, error_text
 from gpumagic.memory.fit.answers import NeedsValues
 from gpumagic.memory.fit.devices import CUDA
 from gpumagic.memory.fit.dry_run import DryRun, DryRunTimeout
+from gpumagic.memory.fit.files import file_notes
 from gpumagic.memory.fit.shadow import ShadowError
 from gpumagic.units import fmt_count
 
@@ -74,8 +75,24 @@ def dry_run_notes(run: DryRun, prepared: PreparedCell) -> list[str]:
             "The dry run changed these names of your namespace through a function's globals "
             f"and they were put back: {', '.join(sorted(set(run.rebound)))}."
         )
+    notes.extend(file_notes(run.files, lambda s: _line(prepared, s)))
+    notes.extend(_kept_notes(run))
     if any("checkpoint" in c for c in run.changes):
         notes.append("Recomputation under activation checkpointing counts as temporaries.")
+    return notes
+
+
+def _kept_notes(run: DryRun) -> list[str]:
+    """What the dry run changed of the user's objects beyond its shadow, put back (.isolation)."""
+    kept = run.kept
+    notes = []
+    if kept.restored:
+        shown = ", ".join(f"`{p}`" for p in kept.restored[:6]) + (f" (and {len(kept.restored) - 6} more)" if len(kept.restored) > 6 else "")
+        notes.append(f"The dry run changed objects of yours beyond the names it copied, and they were put back: {shown}.")
+    if kept.written:
+        notes.append(f"Real tensors changed all the same (a dry run should not): {', '.join(kept.written[:6])}.")
+    if kept.cut:
+        notes.append(f"Objects beyond the walk's bounds were not kept for putting back: {'; '.join(kept.cut[:3])}.")
     return notes
 
 
