@@ -38,6 +38,11 @@ PARSER.add_argument(
     "--what-if", metavar="FIX,...", dest="what_if",
     help="amp, checkpoint, sgd, adafactor, set_to_none, batch, or all: each a dry run with the change",
 )
+PARSER.add_argument("--gpus", metavar="N", type=int, help="with --shard: the number of GPUs the step is sharded over")
+PARSER.add_argument(
+    "--shard", metavar="MODE,...",
+    help="ddp, fsdp, zero1, zero2, zero3 or all: one rank's peak at --gpus N, and the smallest N that fits",
+)
 PARSER.add_argument("--timeout", metavar="SECONDS", type=float, default=120.0, help="per dry run (default 120)")
 PARSER.add_argument("-q", "--quiet", action="store_true", help="display nothing; the result is still stored")
 
@@ -141,4 +146,23 @@ def _options(opts: Any) -> Any:
         raise PARSER.usage_error(f"--what-if: {exc}") from None
     if opts.timeout <= 0:
         raise PARSER.usage_error("--timeout must be > 0 seconds")
-    return FitOptions(gpu=opts.gpu, memory=opts.memory, batch=batch, what_if=fixes, timeout_s=opts.timeout)
+    return FitOptions(
+        gpu=opts.gpu, memory=opts.memory, batch=batch, what_if=fixes, timeout_s=opts.timeout, shard=_shard(opts)
+    )
+
+
+def _shard(opts: Any) -> tuple[int, list[str]] | None:
+    from gpumagic.memory.fit.sharding.fit import parse_modes
+
+    if opts.shard is None and opts.gpus is None:
+        return None
+    if opts.shard is None:
+        raise PARSER.usage_error("--gpus N needs --shard MODE (ddp, fsdp, zero1, zero2, zero3 or all)")
+    if opts.gpus is None:
+        raise PARSER.usage_error("--shard needs --gpus N (the number of GPUs)")
+    if opts.gpus < 1:
+        raise PARSER.usage_error(f"--gpus {opts.gpus}: give a whole number >= 1")
+    try:
+        return opts.gpus, parse_modes(opts.shard)
+    except ValueError as exc:
+        raise PARSER.usage_error(f"--shard: {exc}") from None

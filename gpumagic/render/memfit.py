@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from gpumagic.memory.census.categories import NAME_OF_KEY
 from gpumagic.memory.fit.accounting import FIT_KEYS
 from gpumagic.render.html import PALETTE
+from gpumagic.render.memfit_shard import shard_sections
 from gpumagic.render.sections import Heading, KeyValues, Paragraph, Report, Section
 from gpumagic.render.table import Bar, Column, Table
 from gpumagic.units import fmt_bytes, fmt_count
@@ -176,6 +177,7 @@ def memfit_report(fit: MemFit) -> Report:
         sections.append(_verdicts(fit))
     sections += _batch(fit)
     sections += _what_ifs(fit)
+    sections += shard_sections(fit.shard)
     sections += [Paragraph(n, prefix="note: ") for n in fit.notes]
     warn = f"dry run stopped: {fit.error}" if fit.error else ""
     sub = fit.target.name if fit.target else "no target"

@@ -83,6 +83,7 @@ from gpumagic.memory.census.reach import (
     tensors_in,
     user_items,
 )
+from gpumagic.memory.census.wrapped import StorageResizes, viewing
 from gpumagic.namespace import small_values, submodules
 
 __all__ = ["CUDA_ROUNDING", "TensorTracker", "drop_own_frames", "on_cpu"]
@@ -195,6 +196,7 @@ class TensorTracker:
             optim.register_optimizer_step_pre_hook(self._step_starts),
             optim.register_optimizer_step_post_hook(self._step_ends),
         ]
+        StorageResizes.add(self._on_resize)
         self._mode = StorageMode(self)
         self._mode.__enter__()
         self.active = True
@@ -202,6 +204,7 @@ class TensorTracker:
     def stop(self) -> None:
         """Stop seeing new tensors (the cell ended); frees are still counted until close()."""
         self.active = False
+        StorageResizes.remove(self._on_resize)
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
@@ -336,10 +339,25 @@ class TensorTracker:
         ledger = self.ledger
         ledger.drop(rec, False)
         rec.alive = True
-        rec.nbytes = n
-        if rec.cat not in (PENDING, ACTIVATIONS) and rec.serial != ledger.serial:
-            pass  # keeps its category
+        rec.nbytes = n  # and keeps its category
         ledger.add(rec)
+
+    def _on_resize(self, storage: Any) -> None:
+        """A storage resized outside the dispatcher (:mod:`~gpumagic.memory.census.wrapped`): a
+        counted one takes its new size; an uncounted one grown now (FSDP2's) is an allocation."""
+        try:
+            rec = self._live.get(storage._cdata)
+            if rec is not None:
+                self._resized(rec, storage)
+            elif self.active and storage.nbytes() > 0:
+                self.see(viewing(storage), True, "resize_")
+        except Exception as exc:
+            self.fail(exc)
+
+    def record_of(self, t: Any) -> Record | None:
+        """The record counting ``t``'s storage now, None if none (``%%memfit``'s sharding model
+        resolves parameters and gradients with it at the moments it marks)."""
+        return self._live.get(t.untyped_storage()._cdata)
 
     def _freed(self, ref: Any) -> None:
         try:

@@ -18,6 +18,8 @@ from gpumagic.memory.fit.headroom import FRAGMENTATION, HeadroomLine, headroom, 
 from gpumagic.memory.fit.notes import dry_run_notes, why_stopped
 from gpumagic.memory.fit.result import MemFit, Target, WhatIf
 from gpumagic.memory.fit.shadow import code_names
+from gpumagic.memory.fit.sharding.fit import ShardFit, sharded
+from gpumagic.memory.fit.sharding.record import StepRecorder
 from gpumagic.memory.fit.what_if import make_fix
 from gpumagic.namespace import is_a
 from gpumagic.units import parse_size
@@ -30,7 +32,8 @@ _CONVOLUTIONS = ("convolution", "cudnn_convolution", "_convolution", "conv2d.", 
 class FitOptions:
     """``gpu``: a card of the table; ``memory``: a size instead ("24GiB"); neither: this
     machine's GPU, if any. ``batch``: (variable, sizes to try). ``what_if``: fix names.
-    ``hidden``: names used as they are (IPython's own). ``timeout_s``: per dry run."""
+    ``hidden``: names used as they are (IPython's own). ``timeout_s``: per dry run.
+    ``shard``: (GPUs, modes): each mode's per-rank peak (:mod:`.sharding`)."""
 
     gpu: str | None = None
     memory: int | str | None = None
@@ -39,6 +42,7 @@ class FitOptions:
     hidden: frozenset[str] = frozenset()
     timeout_s: float = DEFAULT_TIMEOUT_S
     extra: dict[str, Any] = field(default_factory=dict)
+    shard: tuple[int, list[str]] | None = None  # --gpus N --shard MODES (memory/fit/sharding)
 
 
 def resolve_target(gpu: str | None, memory: int | str | None) -> Target | None:
@@ -118,7 +122,8 @@ def predict(prepared: PreparedCell, user_ns: dict[str, Any], opts: FitOptions) -
             count=counted.get("count"), **kw,
         )
 
-    main = run()
+    recorder = StepRecorder() if opts.shard is not None else None
+    main = run(transform=recorder.install) if recorder is not None else run()
     counted["count"] = main.counted
     needs = _cell_needs(main)
     lines = _headroom(needs, target)
@@ -148,11 +153,28 @@ def predict(prepared: PreparedCell, user_ns: dict[str, Any], opts: FitOptions) -
         ]
     if opts.batch is not None and main.error is None:
         fit.batch = _fit_batch(opts.batch, target, lines, acc.peak_bytes, run)
+    if recorder is not None and opts.shard is not None:
+        fit.shard = _sharded(recorder, opts.shard, target, needs, acc.peak_bytes)
     names_read = code_names([*prepared.body, prepared.last_expr])
     for name in opts.what_if:
         fit.what_ifs.append(_what_if(name, batch_base, names_read, user_ns, main, run))
     fit.seconds = time.perf_counter() - started
     return fit
+
+
+def _sharded(
+    recorder: StepRecorder, shard: tuple[int, list[str]], target: Target | None, needs: _CellNeeds, peak: int
+) -> ShardFit:
+    """``--gpus N --shard MODES`` (:mod:`.sharding`), each card's headroom as for one GPU."""
+    capability = {g.name: g.capability for g in GPUS}
+    if target is not None:
+        capability[target.name] = target.capability
+
+    def card_lines(card: tuple[str, int, int]) -> list[HeadroomLine]:
+        return _headroom(needs, Target(card[0], card[1], card[2], capability=capability.get(card[0])))
+
+    wanted = (target.name, target.capacity, target.uncertainty) if target is not None else None
+    return sharded(recorder, shard, wanted, card_lines, peak)
 
 
 def _fit_batch(batch: tuple[str, list[int]], target: Target | None, lines: list[HeadroomLine], peak: int, run: Any) -> Any:
@@ -208,23 +230,31 @@ def memfit(
     batch: tuple[str, Sequence[int]] | None = None,
     what_if: Sequence[str] | str = (),
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    gpus: int | None = None,
+    shard: str | None = None,
 ) -> MemFit:
     """Predict the CUDA peak of ``source`` (a cell's code) run in ``namespace`` (a script's
     ``globals()``), by a dry run on fake tensors: nothing is allocated, no GPU is needed, and
-    ``namespace`` is left as it was.
+    ``namespace`` is left as it was. ``gpus`` and ``shard`` (``"fsdp"``, ``"ddp,zero3"``,
+    ``"all"``): one rank's peak sharded over that many GPUs (``.shards``).
 
     >>> fit = gpumagic.memfit("loss = model(x).sum()\\nloss.backward()", globals(), gpu="A100 80GB")
     >>> fit.peak_bytes, fit.fits
     """
+    from gpumagic.memory.fit.sharding.fit import parse_modes
     from gpumagic.memory.fit.what_if import parse_fixes
 
     fixes = parse_fixes(what_if) if isinstance(what_if, str) else list(what_if)
+    if (gpus is None) != (shard is None) or (gpus is not None and gpus < 1):
+        raise ValueError("give gpus (a whole number >= 1) and shard together")
+    sharding = (gpus, parse_modes(shard)) if gpus is not None and shard is not None else None
     opts = FitOptions(
         gpu=gpu,
         memory=memory,
         batch=(batch[0], [int(v) for v in batch[1]]) if batch is not None else None,
         what_if=fixes,
         timeout_s=timeout_s,
+        shard=sharding,
     )
     # plain Python: no IPython syntax; tracebacks read the source from linecache as <memfit-N>
     prepared = prepare(PythonCompiler("memfit"), source, None, instrument=True, raise_compile_errors=True)

@@ -14,6 +14,7 @@ from gpumagic.render.html import Rendered
 if TYPE_CHECKING:
     import pandas as pd
 
+    from gpumagic.memory.fit.sharding.fit import ShardFit
     from gpumagic.render.sections import Report
 
 
@@ -73,6 +74,15 @@ class MemFit(Rendered):
     start_bytes: int = 0
     end_bytes: int = 0
     verdicts: list[tuple[str, int, bool | None]] = field(default_factory=list)  # (gpu, capacity, fits)
+    shard: ShardFit | None = None  # --gpus N --shard MODES
+
+    @property
+    def shards(self) -> pd.DataFrame:
+        """With ``--gpus N --shard``: one row per mode (the busiest rank's peak, its parts, the
+        verdict, the smallest card and the smallest N); empty without."""
+        from gpumagic.memory.fit.sharding.fit import shard_table
+
+        return shard_table(self.shard)
 
     # -- data -------------------------------------------------------------------------------
     @property
