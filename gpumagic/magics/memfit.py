@@ -66,7 +66,7 @@ class MemfitMagics(Magics):
         """
         __tracebackhide__ = True
         from gpumagic.cell import ShellCompiler, prepare
-        from gpumagic.memory.fit.api import predict, resolve_target
+        from gpumagic.memory.fit.api import batch_unread, predict, resolve_target
 
         opts = PARSER.parse_line(line)
         if opts is None:  # -h: the help was printed
@@ -88,6 +88,10 @@ class MemfitMagics(Magics):
         prepared = prepare(
             ShellCompiler(shell), cell, f"%%memfit {line}".rstrip(), instrument=True, raise_compile_errors=True
         )
+        if fit_opts.batch is not None:
+            unread = batch_unread(prepared, fit_opts.batch[0], shell.user_ns)
+            if unread:
+                raise PARSER.usage_error(unread)
         with _kept_off_screen() as shown:
             fit = predict(prepared, shell.user_ns, replace(fit_opts, hidden=frozenset(shell.user_ns_hidden)))
         if shown:
@@ -128,6 +132,7 @@ def _kept_off_screen() -> Iterator[list[int]]:
 
 def _options(opts: Any) -> Any:
     from gpumagic.memory.fit.api import FitOptions
+    from gpumagic.memory.fit.deadline import check_timeout
     from gpumagic.memory.fit.what_if import parse_fixes
 
     batch = None
@@ -144,10 +149,12 @@ def _options(opts: Any) -> Any:
         fixes = parse_fixes(opts.what_if) if opts.what_if else []
     except ValueError as exc:
         raise PARSER.usage_error(f"--what-if: {exc}") from None
-    if opts.timeout <= 0:
-        raise PARSER.usage_error("--timeout must be > 0 seconds")
+    try:
+        timeout = check_timeout(opts.timeout)
+    except ValueError as exc:
+        raise PARSER.usage_error(f"--timeout: {exc}") from None
     return FitOptions(
-        gpu=opts.gpu, memory=opts.memory, batch=batch, what_if=fixes, timeout_s=opts.timeout, shard=_shard(opts)
+        gpu=opts.gpu, memory=opts.memory, batch=batch, what_if=fixes, timeout_s=timeout, shard=_shard(opts)
     )
 
 

@@ -21,6 +21,13 @@ _MODULE_ROWS = 12
 
 
 def verdict_text(fit: MemFit) -> str:
+    if fit.error:
+        # a cut-short run saw part of the cell: its peak is a floor, and nothing is judged
+        on = f" on {fit.target.name}" if fit.target is not None else ""
+        return (
+            f"not judged{on}: the dry run did not finish, so the peak below is a lower bound "
+            f"(at least {fmt_bytes(fit.need[0])} needed with the headroom)"
+        )
     if fit.target is None:
         return "no GPU named (--gpu NAME or --memory SIZE): the cards below are judged"
     low, figure, high = fit.need[1], fit.need[0], fit.need[2]
@@ -32,7 +39,7 @@ def verdict_text(fit: MemFit) -> str:
 
 def _summary(fit: MemFit) -> KeyValues:
     items = [
-        ("predicted CUDA peak", fmt_bytes(fit.peak_bytes)),
+        ("predicted CUDA peak", f"at least {fmt_bytes(fit.peak_bytes)}" if fit.error else fmt_bytes(fit.peak_bytes)),
         ("at", f"line {fit.peak_line}" if fit.peak_line is not None else fit.peak_source or "–"),
         ("given to the cell", fmt_bytes(fit.start_bytes)),
         ("left after it", fmt_bytes(fit.end_bytes)),

@@ -241,9 +241,8 @@ class TensorTracker:
         self._seen(st, fresh)
 
     def see_other(self, t: Any, fresh: bool, func: Any) -> None:
-        """An op's output that is no plain tensor of the counted type (a sparse tensor, a
-        DTensor, a fake tensor in a real census ...): what it holds, by
-        :mod:`gpumagic.memory.census.holdings`, the one definition the start-up scan uses too."""
+        """An op's output that is no plain tensor of the counted type (sparse, a DTensor, a fake
+        tensor in a real census...): what it holds, by :mod:`~gpumagic.memory.census.holdings`."""
         found, why = storages(t, self.tensor_type, self.keep)
         for st in found:
             self._seen(st, fresh)
@@ -355,8 +354,7 @@ class TensorTracker:
             self.fail(exc)
 
     def record_of(self, t: Any) -> Record | None:
-        """The record counting ``t``'s storage now, None if none (``%%memfit``'s sharding model
-        resolves parameters and gradients with it at the moments it marks)."""
+        """The record counting ``t``'s storage now, None if none (for %%memfit's sharding)."""
         return self._live.get(t.untyped_storage()._cdata)
 
     def _freed(self, ref: Any) -> None:

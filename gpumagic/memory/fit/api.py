@@ -5,6 +5,7 @@ is the same from a script."""
 from __future__ import annotations
 
 import time
+import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,12 +13,13 @@ from typing import Any
 from gpumagic.cell import PreparedCell, PythonCompiler, error_text, prepare
 from gpumagic.memory.fit.allocator import AllocatorModel
 from gpumagic.memory.fit.batch import BatchPoint, largest_batch
+from gpumagic.memory.fit.deadline import check_timeout
 from gpumagic.memory.fit.dry_run import DEFAULT_TIMEOUT_S, DryRun, dry_run
 from gpumagic.memory.fit.gpus import GPUS, find_gpu, gpu_names
 from gpumagic.memory.fit.headroom import FRAGMENTATION, HeadroomLine, headroom, needed, verdict
 from gpumagic.memory.fit.notes import dry_run_notes, why_stopped
 from gpumagic.memory.fit.result import MemFit, Target, WhatIf
-from gpumagic.memory.fit.shadow import code_names
+from gpumagic.memory.fit.shadow import code_names, referenced_names
 from gpumagic.memory.fit.sharding.fit import ShardFit, sharded
 from gpumagic.memory.fit.sharding.record import StepRecorder
 from gpumagic.memory.fit.what_if import make_fix
@@ -103,6 +105,11 @@ def predict(prepared: PreparedCell, user_ns: dict[str, Any], opts: FitOptions) -
     """The whole prediction for a prepared cell (see the module docstring)."""
     started = time.perf_counter()
     target = resolve_target(opts.gpu, opts.memory)
+    check_timeout(opts.timeout_s)
+    if opts.batch is not None:
+        unread = batch_unread(prepared, opts.batch[0], user_ns)
+        if unread:
+            raise ValueError(unread)
     base_overrides: dict[str, Any] = {}
     batch_base: tuple[str, int] | None = None
     if opts.batch is not None:
@@ -128,6 +135,8 @@ def predict(prepared: PreparedCell, user_ns: dict[str, Any], opts: FitOptions) -
     needs = _cell_needs(main)
     lines = _headroom(needs, target)
     acc = main.accounting
+    # a run that did not reach the end of the cell saw only part of its peak: no verdict
+    finished = main.error is None
     fit = MemFit(
         peak_bytes=acc.peak_bytes,
         categories=dict(acc.categories),
@@ -136,7 +145,7 @@ def predict(prepared: PreparedCell, user_ns: dict[str, Any], opts: FitOptions) -
         peak_source=_source(prepared, acc.peak_statement),
         target=target,
         headroom=lines,
-        fits=verdict(acc.peak_bytes, lines, target.capacity, target.uncertainty) if target else None,
+        fits=verdict(acc.peak_bytes, lines, target.capacity, target.uncertainty) if target and finished else None,
         need=needed(acc.peak_bytes, lines),
         notes=dry_run_notes(main, prepared),
         on_gpu=main.on_gpu,
@@ -146,7 +155,7 @@ def predict(prepared: PreparedCell, user_ns: dict[str, Any], opts: FitOptions) -
     if main.error is not None:
         fit.error_line = _line(prepared, main.error_statement)
         fit.error = why_stopped(main, prepared)
-    if target is None:
+    if target is None and finished:
         fit.verdicts = [
             (g.name, g.cuda_bytes, verdict(acc.peak_bytes, _headroom(needs, Target(g.name, g.cuda_bytes, capability=g.capability)), g.cuda_bytes, g.uncertainty_bytes))
             for g in GPUS
@@ -175,6 +184,25 @@ def _sharded(
 
     wanted = (target.name, target.capacity, target.uncertainty) if target is not None else None
     return sharded(recorder, shard, wanted, card_lines, peak)
+
+
+def batch_unread(prepared: PreparedCell, variable: str, user_ns: Mapping[str, Any]) -> str:
+    """Why ``--batch VARIABLE=...`` cannot change the cell ("" when it can): neither the cell
+    nor a function of the notebook it calls reads ``variable``, so every size would give the
+    same dry run (issue 25, item 6: 18 identical runs, then "not confirmed")."""
+    codes = [*prepared.body, prepared.last_expr]
+    read = code_names(codes)
+    # the notebook's functions the cell calls read the shadow's globals, where --batch sets it
+    for name in referenced_names(codes, user_ns):
+        value = user_ns[name]
+        if is_a(value, types.FunctionType) and value.__globals__ is user_ns:
+            read |= code_names([value.__code__])
+    if variable in read:
+        return ""
+    return (
+        f"--batch {variable}=...: the cell does not read `{variable}` (nor does a function of "
+        "the notebook it calls), so every size would give the same dry run"
+    )
 
 
 def _fit_batch(batch: tuple[str, list[int]], target: Target | None, lines: list[HeadroomLine], peak: int, run: Any) -> Any:

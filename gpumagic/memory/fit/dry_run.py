@@ -2,8 +2,9 @@
 accounting, with nothing of the user's touched.
 
 Layers, from the outside in: the user's objects snapshot and put back, files kept out of
-reach (:mod:`.isolation`, :mod:`.files`); the user's global state kept (:func:`.shadow.kept_global_state`)
-and namespace bindings compared (:func:`.shadow.bindings_kept`); the cell's output captured
+reach (:mod:`.isolation`, :mod:`.files`); torch's global switches and the random generators
+kept (:func:`.switches.kept_switches`) and namespace bindings compared
+(:func:`.shadow.bindings_kept`); the cell's output captured
 (it still runs its Python, and the report says how much it printed); the shadow built;
 then the modes, bottom to top: ``FakeTensorMode`` (``allow_non_fake_inputs``: a real tensor
 the cell reaches some other way is converted, never written), the value answers
@@ -12,7 +13,8 @@ tensor made fake before a call sees it (:class:`.isolation.RealTensorsFake`: wit
 ``FakeTensorMode`` runs an operation whose inputs are all real for real), and on top the
 accounting engine's own mode. The cell runs through :func:`gpumagic.cell.execute`, with
 the shadow as its namespace, its statements marked by the same probe hooks as
-``%%memtrace``'s.
+``%%memtrace``'s, under the time limit's alarm (:mod:`.deadline`) and with data loaders'
+workers kept in the process (:mod:`.loaders`).
 
 Paths that would abort the process on this build are never taken: without a GPU no fake
 CUDA tensor is made (``.cuda()`` and ``device="cuda"`` become labelled CPU tensors), and
@@ -43,6 +45,7 @@ from gpumagic.cell import PreparedCell, execute
 from gpumagic.memory.census.tracker import CUDA_ROUNDING, on_cpu
 from gpumagic.memory.fit.accounting import Accounting, AccountingScope, CensusProbe, account
 from gpumagic.memory.fit.answers import Answers, NeedsValues, ValueAnswers, ValueFunctions
+from gpumagic.memory.fit.deadline import DryRunTimeout, deadline
 from gpumagic.memory.fit.devices import (
     CUDA,
     CudaRequests,
@@ -52,22 +55,20 @@ from gpumagic.memory.fit.devices import (
 )
 from gpumagic.memory.fit.files import scratch_files
 from gpumagic.memory.fit.isolation import Kept, RealTensorsFake, kept_objects
+from gpumagic.memory.fit.layouts import strided_only
+from gpumagic.memory.fit.loaders import in_process_loaders
 from gpumagic.memory.fit.shadow import (
     Shadow,
     bindings_kept,
     build_shadow,
-    kept_global_state,
     referenced_names,
 )
+from gpumagic.memory.fit.switches import kept_switches, leave_inference_mode
 
 DEFAULT_TIMEOUT_S = 120.0
 
 
 ALL = "all"  # every tensor counts: the cell puts none on CUDA
-
-
-class DryRunTimeout(RuntimeError):
-    """The dry run ran past its time limit."""
 
 
 class _CudaFound(BaseException):
@@ -122,6 +123,10 @@ class DryRun:
     cuda_made: bool = False  # the cell made a CUDA tensor
     files: list[tuple[int, str]] = field(default_factory=list)  # (statement, what the file overlay did)
     kept: Kept = field(default_factory=Kept)  # the user's objects put back (.isolation)
+    switched: list[str] = field(default_factory=list)  # torch's switches the cell changed, put back
+    alarm: bool = True  # the time limit was an alarm (else checked at statements and ops only)
+    loaders: list[int] = field(default_factory=list)  # workers of each DataLoader run in-process
+    not_counted: set[str] = field(default_factory=set)  # layouts without a storage (sparse)
 
 
 Transform = Callable[[Shadow], list[str]]  # changes the shadow, says what it changed
@@ -175,14 +180,18 @@ def _dry_run(
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     devices = None if on_gpu else DeviceMap()
     keep, cuda_made = _counting(count, devices)
+    not_counted: set[str] = set()
+    keep = strided_only(keep, not_counted)
     clock = _Clock(timeout_s, cuda_made if stop_on_cuda else None)
     answers = Answers(clock.statement)
     out = io.StringIO()
     rebound: list[str] = []
     changes: list[str] = []
+    switched: list[str] = []
+    limits: dict[str, Any] = {"alarm": True, "loaders": []}
     names = referenced_names([*prepared.body, prepared.last_expr], user_ns)
     # kept_objects outermost: it puts the user's objects back once the shadow is gone
-    with kept_objects(user_ns, hidden) as kept, kept_global_state(), bindings_kept(user_ns, rebound), \
+    with kept_objects(user_ns, hidden) as kept, kept_switches(switched), bindings_kept(user_ns, rebound), \
             _captured(out), swap_tensors_for_fakes(fake_mode), scratch_files(clock.statement) as files:
         shadow = build_shadow(names, user_ns, fake_mode, hidden)
         shadow.namespace.update(overrides or {})
@@ -196,7 +205,7 @@ def _dry_run(
             probe=clock,
             device=CUDA if count == CUDA else "cpu",
         )
-        run = _runner(prepared, shadow, autocast, on_gpu, devices)
+        run = _runner(prepared, shadow, autocast, on_gpu, devices, clock, limits)
         with _modes(fake_mode, answers, devices, clock):
             accounting, error = account(run, scope)
         copied, as_is = list(shadow.copied), list(shadow.as_is)
@@ -219,6 +228,10 @@ def _dry_run(
         cuda_made=cuda_made(),
         files=files.done,
         kept=kept,
+        switched=switched,
+        alarm=limits["alarm"],
+        loaders=limits["loaders"],
+        not_counted=not_counted,
     )
 
 
@@ -244,7 +257,13 @@ def _counting(count: str, devices: DeviceMap | None) -> tuple[Callable[[Any], bo
 
 
 def _runner(
-    prepared: PreparedCell, shadow: Shadow, autocast: torch.dtype | None, on_gpu: bool, devices: DeviceMap | None
+    prepared: PreparedCell,
+    shadow: Shadow,
+    autocast: torch.dtype | None,
+    on_gpu: bool,
+    devices: DeviceMap | None,
+    clock: _Clock,
+    limits: dict[str, Any],
 ) -> Callable[[CensusProbe], object]:
     def run(probe: CensusProbe) -> object:
         ctx: Any = contextlib.nullcontext()
@@ -253,8 +272,19 @@ def _runner(
         if devices is not None:
             devices.relabelled = probe.census.adopt
         try:
-            with ctx:
-                return execute(shadow.namespace, prepared, probe)
+            clock.check()  # building the shadow counts against the limit too
+            # the alarm covers the cell alone: the census's start and stop are never cut
+            limit = deadline(clock.deadline - time.monotonic(), clock.timeout_s)
+            inference = torch.is_inference_mode_enabled()
+            with ctx, in_process_loaders(limits["loaders"]), limit as alarm:
+                limits["alarm"] = alarm.alarm
+                try:
+                    value = execute(shadow.namespace, prepared, probe)
+                finally:
+                    leave_inference_mode(shadow.namespace, inference)
+                if alarm.expired:  # the cell swallowed the limit: it ran as it would not have
+                    raise DryRunTimeout(f"the dry run took longer than {clock.timeout_s:g} s")
+                return value
         finally:
             if devices is not None:
                 devices.relabelled = None

@@ -77,6 +77,7 @@ def dry_run_notes(run: DryRun, prepared: PreparedCell) -> list[str]:
         )
     notes.extend(file_notes(run.files, lambda s: _line(prepared, s)))
     notes.extend(_kept_notes(run))
+    notes += _limits_notes(run)
     if any("checkpoint" in c for c in run.changes):
         notes.append("Recomputation under activation checkpointing counts as temporaries.")
     return notes
@@ -93,6 +94,34 @@ def _kept_notes(run: DryRun) -> list[str]:
         notes.append(f"Real tensors changed all the same (a dry run should not): {', '.join(kept.written[:6])}.")
     if kept.cut:
         notes.append(f"Objects beyond the walk's bounds were not kept for putting back: {'; '.join(kept.cut[:3])}.")
+    return notes
+
+
+def _limits_notes(run: DryRun) -> list[str]:
+    """What the dry run kept from reaching the session (switches, workers) or could not count."""
+    notes: list[str] = []
+    if run.switched:
+        notes.append(
+            f"The cell changed what the whole session shares ({', '.join(run.switched)}); it "
+            "was put back after the dry run."
+        )
+    if run.loaders:
+        notes.append(
+            f"{fmt_count(len(run.loaders))} DataLoader(s) with workers (num_workers="
+            f"{', '.join(str(n) for n in sorted(set(run.loaders)))}) loaded in the kernel's process, as "
+            "num_workers=0 does: no worker process was started (worker_init_fn did not run)."
+        )
+    if run.not_counted:
+        notes.append(
+            f"Tensors of layout {', '.join(sorted(run.not_counted))} (sparse gradients of "
+            "nn.Embedding(sparse=True), ...) have no storage to weigh and are not counted."
+        )
+    if not run.alarm:
+        notes.append(
+            "The time limit was checked between statements and operations only (the dry run "
+            "ran off the main thread, or a timer of yours was running): a wait inside one "
+            "statement is not cut short."
+        )
     return notes
 
 

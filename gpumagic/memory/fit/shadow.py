@@ -30,8 +30,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
-import random
-import sys
 import types
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -187,37 +185,6 @@ def _filled(cell: Any) -> bool:
     except ValueError:  # a cell not yet bound (a name the closure assigns later)
         return False
     return True
-
-
-@contextlib.contextmanager
-def kept_global_state() -> Iterator[None]:
-    """Puts back what a cell may change outside its namespace: the random number generators
-    (torch's, CUDA's where initialised, ``random``'s, numpy's), grad mode, the default dtype
-    and torch's cuDNN and determinism switches."""
-    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-    np_random = sys.modules.get("numpy.random")
-    numpy_rng = np_random.get_state() if np_random is not None else None
-    torch_rng = torch.get_rng_state()
-    python_rng = random.getstate()
-    grad = torch.is_grad_enabled()
-    dtype = torch.get_default_dtype()
-    cudnn = torch.backends.cudnn
-    cudnn_flags = (cudnn.enabled, cudnn.benchmark, cudnn.deterministic)
-    deterministic = torch.are_deterministic_algorithms_enabled()
-    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-    try:
-        yield
-    finally:
-        torch.set_rng_state(torch_rng)
-        if cuda_rng is not None:
-            torch.cuda.set_rng_state_all(cuda_rng)
-        random.setstate(python_rng)
-        if np_random is not None:
-            np_random.set_state(numpy_rng)
-        torch.set_grad_enabled(grad)
-        torch.set_default_dtype(dtype)
-        cudnn.enabled, cudnn.benchmark, cudnn.deterministic = cudnn_flags
-        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
 
 
 @contextlib.contextmanager
