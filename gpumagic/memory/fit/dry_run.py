@@ -40,6 +40,7 @@ from gpumagic.cell import PreparedCell, execute
 from gpumagic.memory.census.tracker import CUDA_ROUNDING, on_cpu
 from gpumagic.memory.fit.accounting import Accounting, AccountingScope, CensusProbe, account
 from gpumagic.memory.fit.answers import Answers, NeedsValues, ValueAnswers, ValueFunctions
+from gpumagic.memory.fit.attention import CudaAttention, CudaCard, card_for
 from gpumagic.memory.fit.devices import (
     CUDA,
     CudaRequests,
@@ -47,6 +48,7 @@ from gpumagic.memory.fit.devices import (
     DeviceMap,
     swap_tensors_for_fakes,
 )
+from gpumagic.memory.fit.generation import Generation, to_length_limit
 from gpumagic.memory.fit.shadow import (
     Shadow,
     bindings_kept,
@@ -54,6 +56,7 @@ from gpumagic.memory.fit.shadow import (
     kept_global_state,
     referenced_names,
 )
+from gpumagic.memory.fit.values import KnownValues
 
 DEFAULT_TIMEOUT_S = 120.0
 
@@ -115,6 +118,7 @@ class DryRun:
     changes: list[str] = field(default_factory=list)  # what a what-if changed
     counted: str = ALL  # which tensors counted: CUDA's, or ALL
     cuda_made: bool = False  # the cell made a CUDA tensor
+    modelled: list[str] = field(default_factory=list)  # what was modelled or assumed, for the notes
 
 
 Transform = Callable[[Shadow], list[str]]  # changes the shadow, says what it changed
@@ -131,15 +135,17 @@ def dry_run(
     round_to: int = CUDA_ROUNDING,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     count: str | None = None,
+    card: CudaCard | None = None,
 ) -> DryRun:
     """Run ``prepared`` on fake tensors in a shadow of ``user_ns`` (see the module docstring).
 
     ``overrides``: names set in the shadow after it is built (``--batch``); ``transform``: a
     what-if's change to the shadow; ``autocast``: run the cell under ``torch.autocast`` with
     this dtype; ``count``: which tensors count, CUDA's or :data:`ALL` (None: found out, see
-    the module docstring; :attr:`DryRun.counted` says which).
+    the module docstring; :attr:`DryRun.counted` says which); ``card``: whose CUDA kernels
+    a run without a GPU models (:mod:`.attention`; None: an sm80 card's).
     """
-    args = (prepared, user_ns, hidden, overrides, transform, autocast, round_to, timeout_s)
+    args = (prepared, user_ns, hidden, overrides, transform, autocast, round_to, timeout_s, card or card_for(None, None, None))
     if count is None:
         try:
             run = _dry_run(*args, ALL, stop_on_cuda=True)
@@ -160,6 +166,7 @@ def _dry_run(
     autocast: torch.dtype | None,
     round_to: int,
     timeout_s: float,
+    card: CudaCard,
     count: str,
     stop_on_cuda: bool = False,
 ) -> DryRun:
@@ -170,6 +177,8 @@ def _dry_run(
     keep, cuda_made = _counting(count, devices)
     clock = _Clock(timeout_s, cuda_made if stop_on_cuda else None)
     answers = Answers(clock.statement)
+    generation = Generation()
+    attention = CudaAttention(card.sm) if devices is not None else None
     out = io.StringIO()
     rebound: list[str] = []
     changes: list[str] = []
@@ -188,7 +197,7 @@ def _dry_run(
             device=CUDA if count == CUDA else "cpu",
         )
         run = _runner(prepared, shadow, autocast, on_gpu, devices)
-        with _modes(fake_mode, answers, devices, clock):
+        with _modes(fake_mode, answers, devices, clock, generation, attention):
             accounting, error = account(run, scope)
         copied, as_is = list(shadow.copied), list(shadow.as_is)
         del shadow, run, scope
@@ -208,6 +217,7 @@ def _dry_run(
         changes=changes,
         counted=count,
         cuda_made=cuda_made(),
+        modelled=generation.notes() + (attention.notes(card.name) if attention is not None else []),
     )
 
 
@@ -252,7 +262,15 @@ def _runner(
 
 
 @contextlib.contextmanager
-def _modes(fake_mode: FakeTensorMode, answers: Answers, devices: DeviceMap | None, clock: _Clock) -> Iterator[None]:
+def _modes(
+    fake_mode: FakeTensorMode,
+    answers: Answers,
+    devices: DeviceMap | None,
+    clock: _Clock,
+    generation: Generation,
+    attention: CudaAttention | None,
+) -> Iterator[None]:
+    known = KnownValues(FakeTensor)
     with contextlib.ExitStack() as stack:
         if devices is not None:
             # oneDNN's LSTM keeps a workspace its fake kernel leaves out (torch's meta for
@@ -261,11 +279,14 @@ def _modes(fake_mode: FakeTensorMode, answers: Answers, devices: DeviceMap | Non
             # cuDNN's reserve. Put back when the run ends.
             stack.enter_context(_onednn_off())
         stack.enter_context(fake_mode)
-        stack.enter_context(ValueAnswers(answers, clock.check))
+        stack.enter_context(ValueAnswers(answers, clock.check, known))
         if devices is not None:
             stack.enter_context(DeviceLabels(devices))
             stack.enter_context(CudaRequests(devices))
-        stack.enter_context(ValueFunctions(answers, lambda t: isinstance(t, FakeTensor)))
+        if attention is not None:  # without a GPU: CUDA's attention kernel, not the CPU's
+            stack.enter_context(attention)
+        stack.enter_context(ValueFunctions(answers, lambda t: isinstance(t, FakeTensor), known))
+        stack.enter_context(to_length_limit(generation))
         yield
 
 

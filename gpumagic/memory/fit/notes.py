@@ -46,11 +46,6 @@ def dry_run_notes(run: DryRun, prepared: PreparedCell) -> list[str]:
                 "No tensor of the cell goes to CUDA (it picks its device at run time, and there is "
                 "no GPU here): every tensor it makes or uses is counted as the GPU's."
             )
-        if any(name.startswith("_scaled_dot_product") for name in ops):
-            notes.append(
-                "Attention ran torch's CPU kernels; CUDA's flash and memory-efficient attention "
-                "keep less for backward, so the prediction errs high for attention."
-            )
         if any("lstm" in name or "rnn" in name or "gru" in name for name in ops):
             notes.append(
                 "Recurrent layers ran torch's per-step kernels (oneDNN off): their saved gates "
@@ -74,6 +69,7 @@ def dry_run_notes(run: DryRun, prepared: PreparedCell) -> list[str]:
             "The dry run changed these names of your namespace through a function's globals "
             f"and they were put back: {', '.join(sorted(set(run.rebound)))}."
         )
+    notes.extend(run.modelled)
     if any("checkpoint" in c for c in run.changes):
         notes.append("Recomputation under activation checkpointing counts as temporaries.")
     return notes
