@@ -3,8 +3,12 @@
 two dry runs.
 
 * ``amp``: mixed precision, the cell under ``torch.autocast`` (float16);
-* ``checkpoint``: activation checkpointing of the model's top-level blocks
-  (``torch.utils.checkpoint``, ``use_reentrant=False``);
+* ``checkpoint``: activation checkpointing per repeated block, as people checkpoint
+  transformers: a model's own ``gradient_checkpointing_enable()`` where it has one (Hugging
+  Face's), else each layer of its largest stack of repeated blocks (a ``ModuleList`` or
+  ``Sequential`` of two or more blocks of one class: ``transformer.h``, ``encoder.layer``),
+  else its top-level blocks (``torch.utils.checkpoint``, ``use_reentrant=False``). Checkpointing
+  a model's whole body as one segment saves next to nothing (issue 26, item 3);
 * ``sgd``: the optimizer replaced by SGD with momentum (one state tensor per parameter
   instead of Adam's two);
 * ``adafactor``: the optimizer replaced by ``torch.optim.Adafactor`` (factored second
@@ -110,36 +114,94 @@ def _blocks(model: nn.Module, prefix: str) -> list[tuple[str, nn.Module]]:
     return found
 
 
+def _repeated_blocks(model: nn.Module, prefix: str) -> list[tuple[str, nn.Module]]:
+    """The layers of the model's largest stack of repeated blocks (by parameters): a
+    ``ModuleList``/``Sequential`` of two or more blocks of one class, each with parameters
+    and children of its own (a stack of single layers is left to ``checkpoint_sequential``)."""
+    best: list[tuple[str, nn.Module]] = []
+    best_size = 0
+    for name, module in model.named_modules():
+        if not isinstance(module, (nn.ModuleList, nn.Sequential)):
+            continue
+        children = list(module.named_children())
+        kinds = {type(c) for _, c in children}
+        if len(children) < 2 or len(kinds) != 1:
+            continue
+        if any(next(iter(c.children()), None) is None or next(iter(c.parameters()), None) is None for _, c in children):
+            continue
+        size = sum(p.numel() for p in module.parameters())
+        if size > best_size:
+            best = [(f"{prefix}.{name}.{n}" if name else f"{prefix}.{n}", c) for n, c in children]
+            best_size = size
+    return best
+
+
+def _own_checkpointing(model: nn.Module, name: str) -> list[str]:
+    """A model's own per-layer checkpointing (Hugging Face's ``supports_gradient_checkpointing``
+    models), turned on with ``use_reentrant=False`` as torch recommends; [] when it has none."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        return []
+    # transformers 5 names it activation_checkpointing_enable (the old name warns), with its
+    # keyword renamed to match
+    for method, keyword in (
+        ("activation_checkpointing_enable", "activation_checkpointing_kwargs"),
+        ("gradient_checkpointing_enable", "gradient_checkpointing_kwargs"),
+    ):
+        enable = getattr(model, method, None)
+        if enable is None:
+            continue
+        try:
+            enable(**{keyword: {"use_reentrant": False}})
+        except (TypeError, ValueError, AttributeError):
+            continue
+        break
+    else:
+        return []
+    return [f"{name}.{method}(use_reentrant=False): its own checkpointing, per layer"]
+
+
+def _checkpoint_each(blocks: list[tuple[str, nn.Module]]) -> str:
+    from torch.utils.checkpoint import checkpoint
+
+    for _, block in blocks:
+        inner = block.forward
+
+        def wrapped(*args: Any, _f: Callable[..., Any] = inner, **kwargs: Any) -> Any:
+            return checkpoint(_f, *args, use_reentrant=False, **kwargs)
+
+        block.forward = wrapped
+    shown = ", ".join(n for n, _ in blocks[:6]) + (f" and {len(blocks) - 6} more" if len(blocks) > 6 else "")
+    return f"checkpointed {shown} (torch.utils.checkpoint, use_reentrant=False)"
+
+
 def checkpoint_blocks(shadow: Shadow) -> list[str]:
-    from torch.utils.checkpoint import checkpoint, checkpoint_sequential
+    from torch.utils.checkpoint import checkpoint_sequential
 
     changed: list[str] = []
     for name, model in _top_models(shadow)[:1]:
+        own = _own_checkpointing(model, name)
+        if own:
+            changed += own
+            continue
+        repeated = _repeated_blocks(model, name)
+        if repeated:
+            changed.append(_checkpoint_each(repeated) + ", one per repeated block")
+            continue
         leaves = all(next(iter(c.children()), None) is None for c in model.children())
         if isinstance(model, nn.Sequential) and leaves:
             # A Sequential of single layers: checkpointing each layer keeps each input anyway;
             # segments of it are what torch.utils.checkpoint_sequential is for.
             segments = max(2, round(math.sqrt(len(model))))
-            plain = model.forward
 
             def sequential(x: Any, _m: nn.Module = model, _s: int = segments) -> Any:
                 return checkpoint_sequential(_m, _s, x, use_reentrant=False)
 
             model.forward = sequential  # type: ignore[method-assign]
-            del plain
             changed.append(f"{name} run as {segments} checkpointed segments (checkpoint_sequential)")
             continue
         blocks = _blocks(model, name)
-        for _, block in blocks:
-            inner = block.forward
-
-            def wrapped(*args: Any, _f: Callable[..., Any] = inner, **kwargs: Any) -> Any:
-                return checkpoint(_f, *args, use_reentrant=False, **kwargs)
-
-            block.forward = wrapped
         if blocks:
-            shown = ", ".join(n for n, _ in blocks[:6]) + (f" and {len(blocks) - 6} more" if len(blocks) > 6 else "")
-            changed.append(f"checkpointed {shown} (torch.utils.checkpoint, use_reentrant=False)")
+            changed.append(_checkpoint_each(blocks))
     return changed
 
 
