@@ -36,7 +36,7 @@ PARSER.add_argument(
 )
 PARSER.add_argument(
     "--what-if", metavar="FIX,...", dest="what_if",
-    help="amp, checkpoint, sgd, adafactor, set_to_none, batch, or all: each a dry run with the change",
+    help="amp, checkpoint, sgd, adafactor, set_to_none, batch, lora:RANK, or all: each a dry run with the change",
 )
 PARSER.add_argument("--timeout", metavar="SECONDS", type=float, default=120.0, help="per dry run (default 120)")
 PARSER.add_argument("-q", "--quiet", action="store_true", help="display nothing; the result is still stored")

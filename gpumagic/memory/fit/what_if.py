@@ -15,7 +15,9 @@ two dry runs.
   moments; torch >= 2.5);
 * ``set_to_none``: ``zero_grad(set_to_none=True)`` wherever the cell zeroes gradients;
 * ``batch``: half the batch (``--batch VAR``'s value, or a batch-size variable the cell
-  reads: ``batch_size``, ``BATCH_SIZE``, ``bs``, ``batch``, ``B``).
+  reads: ``batch_size``, ``BATCH_SIZE``, ``bs``, ``batch``, ``B``);
+* ``lora:RANK`` (not in ``all``): the model frozen, low-rank adapters of that rank on its
+  linear layers, the optimizer over the adapters only (:mod:`.adapters`).
 
 Each change is made to the shadow only; what it changed is said in words for the report.
 """
@@ -54,13 +56,24 @@ class Fix:
     unavailable: str = ""
 
 
+def _lora_rank(name: str) -> int | None:
+    """RANK of ``lora:RANK``; None when ``name`` is not one (a bad rank raises)."""
+    if not name.startswith("lora"):
+        return None
+    rank = name[len("lora") :].lstrip(":=")
+    if not rank.isdigit() or int(rank) < 1:
+        raise ValueError(f"{name}: give the adapters' rank as lora:RANK, a whole number from 1 (lora:8)")
+    return int(rank)
+
+
 def parse_fixes(text: str) -> list[str]:
     names = [n.strip().lower().replace("-", "_") for n in text.split(",") if n.strip()]
+    lora = [n for n in names if _lora_rank(n) is not None]
     if "all" in names:
-        return list(FIXES)
-    unknown = [n for n in names if n not in FIXES]
+        return list(dict.fromkeys([*FIXES, *lora]))
+    unknown = [n for n in names if n not in FIXES and n not in lora]
     if unknown:
-        raise ValueError(f"unknown fix {', '.join(unknown)}: choose from {', '.join(FIXES)} or all")
+        raise ValueError(f"unknown fix {', '.join(unknown)}: choose from {', '.join(FIXES)}, lora:RANK or all")
     return list(dict.fromkeys(names))
 
 
@@ -71,6 +84,9 @@ def make_fix(name: str, batch: tuple[str, int] | None, names_read: set[str], nam
         return Fix(name, autocast=torch.float16, changed="the cell under torch.autocast(dtype=float16)")
     if name == "checkpoint":
         return Fix(name, transform=checkpoint_blocks)
+    rank = _lora_rank(name)
+    if rank is not None:
+        return Fix(name, transform=functools.partial(lora_adapters, rank=rank))
     if name in ("sgd", "adafactor"):
         if name == "adafactor" and not hasattr(torch.optim, "Adafactor"):
             return Fix(name, unavailable="torch.optim.Adafactor needs torch >= 2.5")
@@ -203,6 +219,12 @@ def checkpoint_blocks(shadow: Shadow) -> list[str]:
         if blocks:
             changed.append(_checkpoint_each(blocks))
     return changed
+
+
+def lora_adapters(shadow: Shadow, rank: int) -> list[str]:
+    from gpumagic.memory.fit.adapters import add_lora
+
+    return [c for name, model in _top_models(shadow)[:1] for c in add_lora(shadow, rank, name, model)]
 
 
 def _optimizers(shadow: Shadow) -> list[tuple[str, torch.optim.Optimizer]]:
