@@ -46,6 +46,7 @@ from gpumagic.memory.fit.devices import (
     CudaRequests,
     DeviceLabels,
     DeviceMap,
+    given_to_cuda,
     swap_tensors_for_fakes,
 )
 from gpumagic.memory.fit.generation import Generation, to_length_limit
@@ -57,6 +58,7 @@ from gpumagic.memory.fit.shadow import (
     referenced_names,
 )
 from gpumagic.memory.fit.values import KnownValues
+from gpumagic.units import fmt_bytes
 
 DEFAULT_TIMEOUT_S = 120.0
 
@@ -188,6 +190,7 @@ def _dry_run(
         shadow.namespace.update(overrides or {})
         if transform is not None:
             changes = transform(shadow)
+        placed = given_to_cuda(shadow.namespace, devices) if devices is not None and count == CUDA else (0, 0)
         scope = AccountingScope(
             namespace=shadow.namespace,
             keep=keep,
@@ -217,8 +220,18 @@ def _dry_run(
         changes=changes,
         counted=count,
         cuda_made=cuda_made(),
-        modelled=generation.notes() + (attention.notes(card.name) if attention is not None else []),
+        modelled=_placed_note(placed) + generation.notes() + (attention.notes(card.name) if attention is not None else []),
     )
+
+
+def _placed_note(placed: tuple[int, int]) -> list[str]:
+    if not placed[0]:
+        return []
+    return [
+        f"The cell uses CUDA: the modules and optimizers it takes from the namespace sit on the CPU here "
+        f"({placed[0]} tensors, {fmt_bytes(placed[1])}: parameters, buffers, gradients, optimizer state) "
+        "and are counted as the GPU's from the start, where a GPU run needs them."
+    ]
 
 
 def _counting(count: str, devices: DeviceMap | None) -> tuple[Callable[[Any], bool], Callable[[], bool]]:
