@@ -143,9 +143,11 @@ CELL = textwrap.dedent(
 )
 
 
-def test_wheel_installs_in_a_fresh_venv_and_runs_a_memtrace_cell(dists, tmp_path):
+def test_wheel_installs_in_a_fresh_venv_and_runs_a_memtrace_cell(dists, tmp_path, monkeypatch):
     torch = importlib.metadata.version("torch").split("+")[0]
     venv = tmp_path / "venv"
+    # a PYTHONPATH pointing at a checkout (a developer's worktree) would be imported first
+    monkeypatch.delenv("PYTHONPATH", raising=False)
     try:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
         py = venv / "bin" / "python"

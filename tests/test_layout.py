@@ -98,12 +98,12 @@ def _room(block: str, room: str) -> str:
     return block[start : start + 1 + following.start()] if following else block[start:]
 
 
-def test_contributing_names_every_module_of_memory_and_namespace() -> None:
-    """The map of ``memory/`` (the engine both memory magics run on, and the two magics) and
-    of ``namespace/`` names every module and subpackage they hold: a room shows its engine
-    only if its map does (issue 28)."""
+def test_contributing_names_every_module_of_memory_monitor_and_namespace() -> None:
+    """The map of ``memory/`` (the engine both memory magics run on, and the two magics), of
+    ``monitor/`` (one watcher over its sources) and of ``namespace/`` names every module and
+    subpackage they hold: a room shows its engine only if its map does (issue 28)."""
     block = _tree_block()
-    for room in ("memory", "namespace"):
+    for room in ("memory", "monitor", "namespace"):
         text = _room(block, room)
         unnamed = [
             str(p.relative_to(PACKAGE))

@@ -24,14 +24,11 @@ from pathlib import Path
 from typing import Protocol
 
 
-class Frozen(Protocol):
-    """What the Dockerfile's header reads (``freeze.Header`` has it; named structurally so
-    that freeze, which writes the Dockerfile through this module, is not imported back)."""
+class Toolchain(Protocol):
+    """The interpreter and torch build a report or a freeze names (``EnvReport`` and
+    ``freeze.Header`` have them; named structurally so that freeze, which writes the
+    Dockerfile through this module, is not imported back)."""
 
-    @property
-    def by(self) -> str: ...
-    @property
-    def when(self) -> str: ...
     @property
     def python(self) -> str: ...
     @property
@@ -40,6 +37,15 @@ class Frozen(Protocol):
     def torch_version(self) -> str | None: ...
     @property
     def torch_build(self) -> str: ...
+
+
+class Frozen(Toolchain, Protocol):
+    """What the Dockerfile's header reads: the toolchain, and who froze it when."""
+
+    @property
+    def by(self) -> str: ...
+    @property
+    def when(self) -> str: ...
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Protocol
 
 from gpumagic.environment.checks import cuda_tag
+from gpumagic.environment.docker import Toolchain
 from gpumagic.render.html import Rendered
 
 PYTORCH_INDEX = "https://download.pytorch.org/whl"
@@ -41,20 +42,12 @@ class Installed:
     direct_url: dict[str, object] | None = None
 
 
-class Build(Protocol):
+class Build(Toolchain, Protocol):
     """What the header reads from an environment report (``EnvReport`` has all of it).
 
     A protocol rather than ``EnvReport`` itself: the report's ``freeze()`` calls this module,
     and this module naming the report back would be an import circle (issue 8)."""
 
-    @property
-    def python(self) -> str: ...
-    @property
-    def platform(self) -> str: ...
-    @property
-    def torch_version(self) -> str | None: ...
-    @property
-    def torch_build(self) -> str: ...
     @property
     def cuda_runtime(self) -> str | None: ...
     @property

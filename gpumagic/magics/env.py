@@ -7,7 +7,7 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class, output_can_be_silenced
 
-from gpumagic.magics.args import MagicParser, documented, without_silencer
+from gpumagic.usage import MagicParser, documented, without_silencer
 
 PARSER = MagicParser(
     "%gpuenv",
@@ -120,8 +120,7 @@ def _save(shell: Any, opts: Any, report: Any, frozen: Any) -> Any:
     (after --freeze's note when both wrote)."""
     from gpumagic.environment.check import gpucheck, last_check
     from gpumagic.environment.saved import save
-    from gpumagic.render.html import Note
-    from gpumagic.units import fmt_clock
+    from gpumagic.render.env import saved_note
 
     if opts.check:
         shell.user_ns["_gpucheck"] = gpucheck()
@@ -130,14 +129,8 @@ def _save(shell: Any, opts: Any, report: Any, frozen: Any) -> Any:
         path = save(opts.save, report, check)
     except OSError as exc:
         raise UsageError(f"%gpuenv --save: cannot write {opts.save}: {exc.strerror or exc}") from None
-    what = "the environment report"
-    if check is not None:
-        found = len(check.findings)
-        what += f" and the %gpucheck of {fmt_clock(check.when)} ({found} finding{'s' if found != 1 else ''})"
-    else:
-        what += " (no %gpucheck ran in this session: --check runs one)"
     if frozen is not None:
         from IPython.display import display
 
         display(frozen)
-    return Note(f"Wrote {path}: {what}.", "env-save")
+    return saved_note(path, check)

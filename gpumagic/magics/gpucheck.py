@@ -7,7 +7,14 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class, output_can_be_silenced
 
-from gpumagic.magics.args import MagicParser, documented, without_silencer
+from gpumagic.usage import (
+    MagicParser,
+    documented,
+    index_list,
+    output_option,
+    returns_result,
+    without_silencer,
+)
 
 PARSER = MagicParser(
     "%gpucheck",
@@ -15,12 +22,7 @@ PARSER = MagicParser(
     "readings, short measurements) and name what slows it down, with the fix; without a "
     "GPU, the host.",
 )
-PARSER.add_argument(
-    "-o",
-    "--output",
-    action="store_true",
-    help="return the result, as %%timeit -o does (otherwise it is shown, and kept in _gpucheck)",
-)
+output_option(PARSER, "otherwise it is shown, and kept in _gpucheck")
 PARSER.add_argument(
     "--no-measure",
     action="store_true",
@@ -28,6 +30,7 @@ PARSER.add_argument(
 )
 PARSER.add_argument(
     "--id",
+    type=index_list,
     metavar="N[,M...]",
     help="the CUDA indexes of the GPUs to check, as nvidia-smi --id (default: every visible GPU)",
 )
@@ -38,18 +41,6 @@ PARSER.add_argument(
     metavar="S",
     help="how long each figure is measured (default 0.3; the whole check takes about ten figures per GPU)",
 )
-
-
-def _ids(text: str | None) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        ids = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise PARSER.usage_error(f"--id takes CUDA indexes such as 0 or 0,1, got {text!r}") from None
-    if not ids or any(i < 0 for i in ids):
-        raise PARSER.usage_error(f"--id takes CUDA indexes such as 0 or 0,1, got {text!r}")
-    return ids
 
 
 @magics_class
@@ -80,12 +71,12 @@ class GpuCheckMagics(Magics):
         if not 0 < opts.seconds <= 10:
             raise PARSER.usage_error(f"--seconds must be above 0 and at most 10, got {opts.seconds:g}")
         try:
-            result = gpucheck(measure=not opts.no_measure, devices=_ids(opts.id), seconds=opts.seconds)
+            result = gpucheck(measure=not opts.no_measure, devices=opts.id, seconds=opts.seconds)
         except ValueError as exc:  # an index that is not visible
             raise UsageError(f"%gpucheck: {exc}") from None
         shell: Any = self.shell
         shell.user_ns["_gpucheck"] = result
-        if opts.output:
+        if returns_result(opts):
             return result
         from IPython.display import display
 

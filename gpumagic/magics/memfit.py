@@ -17,7 +17,7 @@ from typing import Any
 
 from IPython.core.magic import Magics, cell_magic, magics_class, no_var_expand
 
-from gpumagic.magics.args import MagicParser, documented, output_option, returns_result
+from gpumagic.usage import MagicParser, documented, output_option, returns_result
 
 PARSER = MagicParser(
     "%%memfit",

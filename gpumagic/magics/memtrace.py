@@ -12,7 +12,7 @@ from IPython.core.magic import (
     output_can_be_silenced,
 )
 
-from gpumagic.magics.args import MagicParser, documented, output_option, returns_result
+from gpumagic.usage import MagicParser, documented, output_option, returns_result
 
 PARSER = MagicParser(
     "%%memtrace",

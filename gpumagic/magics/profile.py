@@ -12,14 +12,14 @@ from typing import Any
 from IPython.core.magic import Magics, line_cell_magic, magics_class, output_can_be_silenced
 
 from gpumagic.cell import running_cell_number
-from gpumagic.magics.args import (
+from gpumagic.render.html import Note, Noted
+from gpumagic.usage import (
     MagicParser,
     documented,
     output_option,
     returns_result,
     without_silencer,
 )
-from gpumagic.render.html import Note, Noted
 
 PARSER = MagicParser(
     "%%gpuprofile",

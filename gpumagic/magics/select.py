@@ -6,7 +6,7 @@ from typing import Any
 
 from IPython.core.magic import Magics, line_magic, magics_class, output_can_be_silenced
 
-from gpumagic.magics.args import MagicParser, documented, without_silencer
+from gpumagic.usage import MagicParser, documented, percent, whole_number, without_silencer
 
 PARSER = MagicParser(
     "%gpuselect",
@@ -14,7 +14,7 @@ PARSER = MagicParser(
     "(sets CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER=PCI_BUS_ID); run it before CUDA starts.",
 )
 PARSER.add_argument(
-    "count", nargs="?", default=None, metavar="N", help="how many GPUs (default 1), nvisel's -n N"
+    "count", nargs="?", type=whole_number, default=1, metavar="N", help="how many GPUs (default 1), nvisel's -n N"
 )
 # nvitop's names (its nvisel command and select_devices(min_free_memory=...,
 # max_gpu_utilization=...))
@@ -23,7 +23,7 @@ PARSER.add_argument(
     help="only GPUs with at least this much free memory (8GiB, 500MiB)",
 )
 PARSER.add_argument(
-    "-G", "--max-gpu-utilization", dest="max_util", metavar="PCT", help="only GPUs at most this busy (percent)"
+    "-G", "--max-gpu-utilization", dest="max_util", type=percent, metavar="PCT", help="only GPUs at most this busy (percent)"
 )
 PARSER.add_argument("--no-others", action="store_true", help="only GPUs no other process is using")
 
@@ -46,28 +46,15 @@ class SelectMagics(Magics):
         from IPython.core.error import UsageError
 
         from gpumagic.monitor.choose import SelectError, select_gpus
-        from gpumagic.units import parse_percent
 
         opts = PARSER.parse_line(without_silencer(line))
         if opts is None:  # -h: the help was printed
             return None
         try:
-            count = int(opts.count) if opts.count is not None else 1
-        except ValueError:
-            raise PARSER.usage_error(f"N must be a whole number of GPUs, got {opts.count!r}") from None
-        max_util: float | None = None
-        if opts.max_util is not None:
-            try:
-                max_util = parse_percent(opts.max_util)
-            except ValueError:
-                raise PARSER.usage_error(
-                    f"--max-gpu-utilization must be a percentage, got {opts.max_util!r}"
-                ) from None
-        try:
             return select_gpus(
-                count,
+                opts.count,
                 min_free_memory=opts.min_free,
-                max_gpu_utilization=max_util,
+                max_gpu_utilization=opts.max_util,
                 no_others=opts.no_others,
             )
         except SelectError as exc:

@@ -7,14 +7,15 @@ from typing import Any
 
 from IPython.core.magic import Magics, line_magic, magics_class, output_can_be_silenced
 
-from gpumagic.magics.args import (
+from gpumagic.render.html import Note
+from gpumagic.usage import (
     MagicParser,
     documented,
+    host_port,
     output_option,
     returns_result,
     without_silencer,
 )
-from gpumagic.render.html import Note
 
 PARSER = MagicParser(
     "%gpuwatch",
@@ -58,7 +59,7 @@ PARSER.add_argument(
     help='with --prometheus, PromQL label matchers picking the job\'s GPUs: Hostname=~"node-[0-3]"',
 )
 PARSER.add_argument(
-    "--serve", metavar="[HOST:]PORT",
+    "--serve", type=host_port, metavar="[HOST:]PORT",
     help="also serve this kernel's samples for Prometheus at http://HOST:PORT/metrics (DCGM "
     "names for GPU series; HOST defaults to 127.0.0.1, 0.0.0.0 lets other machines scrape)",
 )
@@ -164,7 +165,7 @@ class WatchMagics(Magics):
             raise PARSER.usage_error(
                 "--selector picks GPUs among Prometheus's series: give --prometheus URL"
             )
-        serve = _host_port(opts.serve) if opts.serve else None
+        serve = opts.serve  # (host, port), or None
         # Bound before the watch is replaced: a port that is taken fails with the running
         # watch untouched (issue 25 item 12).
         endpoint = None
@@ -207,18 +208,3 @@ class WatchMagics(Magics):
                 Note(f"%gpuwatch: serving this kernel's samples at {endpoint.url}", "watch-note")
             )
         return watcher if returns_result(opts) else None
-
-
-def _host_port(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    try:
-        number = int(port)
-    except ValueError:
-        raise PARSER.usage_error(
-            f"--serve {text!r}: give PORT or HOST:PORT, like 9401 or 0.0.0.0:9401"
-        ) from None
-    if not 0 <= number <= 65535:
-        raise PARSER.usage_error(f"--serve {text!r}: a port is a number from 0 to 65535")
-    if host.startswith("[") and host.endswith("]"):  # [::1]:9401
-        host = host[1:-1]
-    return (host or "127.0.0.1"), number

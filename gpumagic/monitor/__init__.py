@@ -31,8 +31,6 @@ from gpumagic._lazy import lazy_exports
 _LAZY = {
     "Alert": ("gpumagic.monitor.alerts", "Alert"),
     "WatchedDevice": ("gpumagic.monitor.devices", "WatchedDevice"),
-    # The name this class had before memory's traced device got a class of its own (README)
-    "Device": ("gpumagic.monitor.devices", "WatchedDevice"),
     "MetricsServer": ("gpumagic.monitor.exporter.server", "MetricsServer"),
     "serve_metrics": ("gpumagic.monitor.exporter.server", "serve_metrics"),
     "PrometheusError": ("gpumagic.monitor.job.prometheus", "PrometheusError"),

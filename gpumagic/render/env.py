@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gpumagic.render.html import escape
+from gpumagic.render.html import Note, escape
 from gpumagic.render.sections import (
     Box,
     Details,
@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from gpumagic.environment.checks import Finding
     from gpumagic.environment.report import EnvReport, GpuInfo
 
-_LEVEL_MARK = {"error": "✖", "warning": "!", "info": "i"}
+# a finding's level as one mark, in %gpuenv's traps and %gpucheck's findings
+LEVEL_MARK = {"error": "✖", "warning": "!", "info": "i"}
 
 
 def _env_value(value: str | None) -> str:
@@ -99,7 +100,7 @@ def _cpu_items(r: EnvReport) -> list[tuple[str, str]]:
 def _finding(f: Finding) -> Box:
     return Box(
         [
-            Paragraph(f"{_LEVEL_MARK.get(f.level, '-')} {f.level}: {f.message}", "plain"),
+            Paragraph(f"{LEVEL_MARK.get(f.level, '-')} {f.level}: {f.message}", "plain"),
             Paragraph(f"fix: {f.fix}"),
         ],
         "info" if f.level == "info" else "box",
@@ -129,3 +130,17 @@ def env_report(r: EnvReport) -> Report:
         Details("packages", [_pairs("package", "version", r.packages)]),
     ]
     return Report("env", "%gpuenv", r.gpu_summary, sections)
+
+
+def saved_note(path: object, check: Any) -> Note:
+    """What ``%gpuenv --save`` wrote: the report, and the session's last ``%gpucheck`` (with
+    when it ran and what it found) or why there is none."""
+    from gpumagic.units import fmt_clock
+
+    what = "the environment report"
+    if check is not None:
+        found = len(check.findings)
+        what += f" and the %gpucheck of {fmt_clock(check.when)} ({found} finding{'s' if found != 1 else ''})"
+    else:
+        what += " (no %gpucheck ran in this session: --check runs one)"
+    return Note(f"Wrote {path}: {what}.", "env-save")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from gpumagic.render.env import LEVEL_MARK
 from gpumagic.render.html import escape
 from gpumagic.render.sections import (
     Box,
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
     from gpumagic.environment.check.readings import CardReading
     from gpumagic.environment.check.result import GpuCheck
 
-_MARK = {"error": "✖", "warning": "!", "info": "i"}
 _EDGE = {"error": "#d9534f", "warning": "#f0ad4e"}
 
 
@@ -55,7 +55,7 @@ def _finding(f: CheckFinding) -> Box:
     cost = f" (may cost up to {f.cost:.0%} of {f.cost_of})" if f.cost and f.cost >= 0.01 else ""
     return Box(
         [
-            Paragraph(f"{_MARK.get(f.level, '-')} {f.level} · {f.device}: {f.title}{cost}", "plain"),
+            Paragraph(f"{LEVEL_MARK.get(f.level, '-')} {f.level} · {f.device}: {f.title}{cost}", "plain"),
             Paragraph(f"cause: {f.cause}"),
             Paragraph(f"evidence: {f.evidence}") if f.evidence else Paragraph(""),
             Paragraph(f"fix: {f.fix}"),

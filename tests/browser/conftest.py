@@ -396,7 +396,11 @@ def notebook_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabSer
         _stop_lab_server(server)
 
 
-@pytest.fixture(scope="session")
+# Module scope: playwright's sync API keeps its event loop running (in a greenlet) while the
+# context lives, and IPython answers a plain cell's top-level `await` with the running loop, so
+# the in-process shell's await cells would fail in every test after the browser tests (tests/
+# browser is no package, so pytest's package scope would be the session).
+@pytest.fixture(scope="module")
 def browser_context(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrowserContext]:
     """A headless chromium context (playwright sync API) with a fresh, throwaway profile."""
     _require_browser()

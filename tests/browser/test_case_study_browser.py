@@ -31,11 +31,14 @@ def _cell_indexes(prefix: str) -> list[int]:
     import nbformat
 
     nb = nbformat.read(NOTEBOOK, as_version=4)
+    # a cell magic is the cell's first line; a line magic may follow other lines
+    # (``workers = _gpuprofile`` before ``comparison = %gpuprofile --compare ...``)
+    lines = slice(None) if prefix.startswith("%") and not prefix.startswith("%%") else slice(1)
     return [
         i
         for i, c in enumerate(nb.cells)
         if c.cell_type == "code"
-        and any(ln.split("= ", 1)[-1].startswith(prefix) for ln in c.source.splitlines()[:1])
+        and any(ln.split("= ", 1)[-1].startswith(prefix) for ln in c.source.splitlines()[lines])
     ]
 
 

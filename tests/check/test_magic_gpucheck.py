@@ -65,8 +65,8 @@ def test_the_function_returns_the_same_kind_of_result():
     [
         ("%gpucheck --seconds 0", "--seconds must be above 0"),
         ("%gpucheck --seconds 11", "at most 10"),
-        ("%gpucheck --id x", "--id takes CUDA indexes"),
-        ("%gpucheck --id -1", "--id takes CUDA indexes"),
+        ("%gpucheck --id x", "argument --id: takes CUDA indexes"),
+        ("%gpucheck --id -1", "argument --id: takes CUDA indexes"),
         ("%gpucheck --id 7 --no-measure", "no visible GPU 7"),
         ("%gpucheck --no-measur3", "did you mean --no-measure"),
     ],

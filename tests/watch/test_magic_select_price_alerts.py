@@ -95,10 +95,10 @@ def test_select_gpus_never_imports_torch():
 @pytest.mark.parametrize(
     ("line", "expected"),
     [
-        ("%gpuselect two", "N must be a whole number"),
+        ("%gpuselect two", "argument N: must be a whole number"),
         ("%gpuselect 0", "count must be"),
         ("%gpuselect --min-free-memory 8XB", "size unit"),
-        ("%gpuselect --max-gpu-utilization lots", "--max-gpu-utilization must be a percentage"),
+        ("%gpuselect --max-gpu-utilization lots", "--max-gpu-utilization: must be a percentage"),
         ("%gpuselect --max-gpu-utilization 150", "0-100"),
         ("%gpuselect --bogus", "unrecognized"),
     ],

@@ -231,6 +231,53 @@ def returns_result(opts: argparse.Namespace) -> bool:
     return bool(opts.output)
 
 
+# -- option values: argparse ``type=`` callables, whose ArgumentTypeError argparse reports as
+# "argument --id: ..." through MagicParser.error, so a bad value is a UsageError with usage
+def index_list(text: str) -> list[int]:
+    """``0`` or ``0,1``: CUDA indexes, as nvidia-smi's ``--id`` takes them."""
+    try:
+        ids = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        ids = []
+    if not ids or any(i < 0 for i in ids):
+        raise argparse.ArgumentTypeError(f"takes CUDA indexes such as 0 or 0,1, got {text!r}")
+    return ids
+
+
+def whole_number(text: str) -> int:
+    """A count such as ``2`` (its range is the caller's to check)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+
+
+def percent(text: str) -> float:
+    """``50`` or ``50%`` (its range is the caller's to check)."""
+    from gpumagic.units import parse_percent
+
+    try:
+        return parse_percent(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def host_port(text: str) -> tuple[str, int]:
+    """``PORT`` or ``HOST:PORT`` (``[::1]:9401`` too); the host defaults to 127.0.0.1."""
+    host, _, port = text.rpartition(":")
+    try:
+        number = int(port)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give PORT or HOST:PORT, like 9401 or 0.0.0.0:9401"
+        ) from None
+    if not 0 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: a port is a number from 0 to 65535")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return (host or "127.0.0.1"), number
+
+
 def without_silencer(line: str) -> str:
     """A line magic's options without the trailing ``;`` that silences its ``Out[]``.
 
