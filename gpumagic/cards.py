@@ -48,6 +48,7 @@ class GpuSpec:
     how: str  # what that source recorded
     aliases: tuple[str, ...] = ()
     capability: int | None = None  # the compute capability's major number (sizes cuBLASLt's workspace)
+    capability_minor: int | None = None  # its minor number (which attention kernels train what)
     specs: CardSpecs | None = None  # what %gpucheck compares with (gpumagic/card_specs.py)
 
 
@@ -168,8 +169,18 @@ _MEMORY: tuple[GpuSpec, ...] = (
     ),
 )
 
+# The compute capability's minor number, from NVIDIA's table (https://developer.nvidia.com/cuda-gpus):
+# torch's attention rules tell sm86/sm89 from sm80 (flash's backward for head dims over 192).
+_CAPABILITY_MINOR = {
+    "H200": 0, "H200 NVL": 0, "H100 80GB": 0, "H100 NVL": 0, "A100 80GB": 0, "A100 40GB": 0,
+    "L40S": 9, "A40": 6, "L4": 9, "A10G": 6, "T4": 5, "V100 32GB": 0, "V100 16GB": 0,
+    "RTX 4090": 9, "RTX 3090": 6, "RTX 6000 Ada": 9,
+}  # fmt: skip
+
 # Each row with what %gpucheck compares it with (gpumagic/card_specs.py).
-GPUS: tuple[GpuSpec, ...] = tuple(dataclasses.replace(g, specs=specs_of(g.name)) for g in _MEMORY)
+GPUS: tuple[GpuSpec, ...] = tuple(
+    dataclasses.replace(g, specs=specs_of(g.name), capability_minor=_CAPABILITY_MINOR.get(g.name)) for g in _MEMORY
+)
 
 __all__ = [
     "GPUS", "CardSpecs", "GiB", "GpuSpec", "MiB", "Source", "Sourced", "find_gpu", "find_specs",

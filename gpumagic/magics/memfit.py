@@ -36,7 +36,7 @@ PARSER.add_argument(
 )
 PARSER.add_argument(
     "--what-if", metavar="FIX,...", dest="what_if",
-    help="amp, checkpoint, sgd, adafactor, set_to_none, batch, or all: each a dry run with the change",
+    help="amp, checkpoint, sgd, adafactor, set_to_none, batch, lora:RANK, or all: each a dry run with the change",
 )
 PARSER.add_argument("--gpus", metavar="N", type=int, help="with --shard: the number of GPUs the step is sharded over")
 PARSER.add_argument(

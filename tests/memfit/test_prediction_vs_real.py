@@ -29,6 +29,17 @@ def _onednn_off():
     torch._C._set_mkldnn_enabled(was)
 
 
+@pytest.fixture(autouse=True)
+def _math_attention():
+    # The transformer trains with dropout: the CPU runs attention's math path, and a dry run
+    # without a GPU models CUDA's fused kernel instead (test_attention_kernels.py checks that
+    # one). With only the math kernel switched on, both run the same attention here.
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):
+        yield
+
+
 def _check(cell: str, ns: dict) -> tuple[int, int, int]:
     exact = dry_run(prepare_source(cell), ns, round_to=1)
     assert exact.error is None, exact.error

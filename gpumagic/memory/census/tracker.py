@@ -112,8 +112,10 @@ _Module = torch.nn.Module
 # What cannot be counted is named in a note: at most this many, then a count.
 _UNCOUNTED_NAMED = 8
 # How far up the stack the owner of an allocation is looked for: an op is called a few frames
-# below its module's forward (a functional wrapper, a helper).
+# below its module's forward (a functional wrapper, a helper). A torch function mode's frames
+# (each mode re-enters a Python torch function such as F.batch_norm) are not counted.
 _MODULE_DEPTH = 12
+_PASSING = frozenset(("__torch_function__", "handle_torch_function"))
 _current_graph_task = torch._C._current_graph_task_id
 _grad_enabled = torch.is_grad_enabled
 
@@ -354,8 +356,7 @@ class TensorTracker:
             self.fail(exc)
 
     def record_of(self, t: Any) -> Record | None:
-        """The record counting ``t``'s storage now, None if none (for %%memfit's sharding)."""
-        return self._live.get(t.untyped_storage()._cdata)
+        return self._live.get(t.untyped_storage()._cdata)  # None: not counted (for sharding)
 
     def _freed(self, ref: Any) -> None:
         try:
@@ -372,15 +373,14 @@ class TensorTracker:
     def _running_module(self) -> int:
         """The token of the innermost ``nn.Module.forward`` on the Python stack (0: none).
 
-        Read off the stack rather than from global module hooks: any global hook sends every
-        ``Module.__call__`` down torch's slow path, which keeps the call's arguments in a
-        closure that the traceback of an error holds on to, so the activations of a forward
-        pass that ran out of memory would outlive the release of the failed call's frames.
-        The stack is read for tensors a forward pass makes (the activations' owners)."""
+        Read off the stack, not from global module hooks: any global hook sends every
+        ``Module.__call__`` down torch's slow path, whose closure keeps the call's arguments,
+        so a forward pass that ran out of memory would keep its activations in the error."""
         frame: FrameType | None = sys._getframe(4)  # above _seen(), see(), the handler, the op's caller
         depth = 0
         while frame is not None and depth < _MODULE_DEPTH:
-            if frame.f_code.co_name == "forward":
+            name = frame.f_code.co_name
+            if name == "forward":
                 module = frame.f_locals.get("self")
                 if module is not None and issubclass(type(module), _Module):
                     token = self._module_ids.get(id(module))
@@ -388,7 +388,7 @@ class TensorTracker:
                         token = self._meet(module)
                     return token
             frame = frame.f_back
-            depth += 1
+            depth += name not in _PASSING
         return 0
 
     def _meet(self, module: Any) -> int:

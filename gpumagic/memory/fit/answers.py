@@ -15,6 +15,10 @@ answers:
   upper bound, every element selected, the most memory the statement can take;
 * ``.numpy()``: a read-only array of zeros that takes no memory (``numpy.broadcast_to``).
 
+Values that follow from the cell's code alone (``torch.ones(b)``, ``torch.full((b,), done)``,
+what is computed from them) are known (:mod:`.values`) and answered exactly, with no note:
+a ``generate`` loop's stopping test is one.
+
 Anything else that needs values (``torch.unique``, ``repeat_interleave`` by a tensor,
 ``.tolist()`` of a large tensor) stops the dry run with :class:`NeedsValues`.
 """
@@ -31,8 +35,10 @@ from torch._subclasses.fake_tensor import (
     DynamicOutputShapeException,
 )
 from torch.overrides import TorchFunctionMode
+from torch.utils._mode_utils import no_dispatch
 
 from gpumagic.memory.fit.devices import NoDynamoWrapper, dynamo_runs_as_is, fake_device
+from gpumagic.memory.fit.values import KnownValues
 
 aten = torch.ops.aten
 TRUE_ANSWERS = 3
@@ -83,10 +89,13 @@ def _upper_bound_indices(mask: torch.Tensor) -> list[torch.Tensor]:
 class ValueAnswers(NoDynamoWrapper):
     """Answers what the fake mode below cannot (see the module docstring)."""
 
-    def __init__(self, answers: Answers, check: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self, answers: Answers, check: Callable[[], None] = lambda: None, known: KnownValues | None = None
+    ) -> None:
         super().__init__()
         self.answers = answers
         self.check = check  # the time limit, checked at every operation
+        self.known = known  # the values the run knows (:mod:`.values`); None: none
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         device = fake_device(func, args)
@@ -95,13 +104,20 @@ class ValueAnswers(NoDynamoWrapper):
         kwargs = kwargs or {}
         self.check()
         try:
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
         except DataDependentOutputException:
             if func is aten._local_scalar_dense.default:
+                value = self.known.value(args[0]) if self.known is not None else None
+                if value is not None:
+                    with no_dispatch():  # a real tensor: read outside the modes
+                        return value.item()
                 return self.answers.scalar(args[0])
             raise NeedsValues(str(func.overloadpacket.__name__), self.answers.statement()) from None
         except DynamicOutputShapeException:
             return self._upper_bound(func, args, kwargs)
+        if self.known is not None:
+            self.known.after(func, args, kwargs, out)
+        return out
 
     def _upper_bound(self, func: Any, args: Any, kwargs: Any) -> Any:
         name = str(func.overloadpacket.__name__)
@@ -134,10 +150,11 @@ dynamo_runs_as_is(ValueAnswers)
 class ValueFunctions(TorchFunctionMode):
     """``.numpy()`` and ``.tolist()`` of fake tensors (see the module docstring)."""
 
-    def __init__(self, answers: Answers, is_fake: Callable[[Any], bool]) -> None:
+    def __init__(self, answers: Answers, is_fake: Callable[[Any], bool], known: KnownValues | None = None) -> None:
         super().__init__()
         self.answers = answers
         self.is_fake = is_fake
+        self.known = known
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
@@ -145,6 +162,10 @@ class ValueFunctions(TorchFunctionMode):
             import numpy as np
 
             t = args[0]
+            value = self.known.value(t) if self.known is not None else None
+            if value is not None and value.dtype in _NUMPY_KINDS:  # known: the real values, a copy
+                with no_dispatch():
+                    return value.numpy().copy() if func is torch.Tensor.numpy else value.tolist()
             zeros = np.broadcast_to(np.zeros((), dtype=_numpy_dtype(t.dtype)), tuple(t.shape))
             if func is torch.Tensor.numpy:
                 self.answers.note(".numpy() answered zeros")
@@ -154,6 +175,12 @@ class ValueFunctions(TorchFunctionMode):
             self.answers.note(".tolist() answered zeros")
             return zeros.tolist()
         return func(*args, **kwargs)
+
+
+_NUMPY_KINDS = frozenset(
+    (torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
+     torch.bool, torch.complex64, torch.complex128)
+)
 
 
 def _numpy_dtype(dtype: torch.dtype) -> Any:

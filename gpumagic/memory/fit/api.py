@@ -12,6 +12,7 @@ from typing import Any
 
 from gpumagic.cell import PreparedCell, PythonCompiler, error_text, prepare
 from gpumagic.memory.fit.allocator import AllocatorModel
+from gpumagic.memory.fit.attention import card_for
 from gpumagic.memory.fit.batch import BatchPoint, largest_batch
 from gpumagic.memory.fit.deadline import check_timeout
 from gpumagic.memory.fit.dry_run import DEFAULT_TIMEOUT_S, DryRun, dry_run
@@ -56,7 +57,10 @@ def resolve_target(gpu: str | None, memory: int | str | None) -> Target | None:
         spec = find_gpu(gpu)
         if spec is None:
             raise ValueError(f"no GPU named {gpu!r} in the table; known: {', '.join(gpu_names())} (or give --memory SIZE)")
-        return Target(spec.name, spec.cuda_bytes, spec.uncertainty_bytes, spec.source, spec.how, spec.capability)
+        return Target(
+            spec.name, spec.cuda_bytes, spec.uncertainty_bytes, spec.source, spec.how, spec.capability,
+            spec.capability_minor,
+        )
     if memory is not None:
         size = parse_size(memory)
         return Target(f"{size / 2**30:.4g} GiB", size, 0, "given", "--memory")
@@ -66,7 +70,7 @@ def resolve_target(gpu: str | None, memory: int | str | None) -> Target | None:
         index = torch.cuda.current_device()
         props = torch.cuda.get_device_properties(index)
         return Target(f"this GPU (cuda:{index}, {props.name})", int(props.total_memory), 0,
-                      "torch.cuda.get_device_properties", "this machine", int(props.major))
+                      "torch.cuda.get_device_properties", "this machine", int(props.major), int(props.minor))
     return None
 
 
@@ -121,12 +125,13 @@ def predict(prepared: PreparedCell, user_ns: dict[str, Any], opts: FitOptions) -
         batch_base = (var, value)
 
     counted: dict[str, str] = {}  # the main run's answer to which tensors count, for the rest
+    card = card_for(target.name, target.capability, target.capability_minor) if target else card_for(None, None, None)
 
     def run(**kw: Any) -> DryRun:
         overrides = {**base_overrides, **kw.pop("overrides", {})}
         return dry_run(
             prepared, user_ns, hidden=opts.hidden, overrides=overrides, timeout_s=opts.timeout_s,
-            count=counted.get("count"), **kw,
+            count=counted.get("count"), card=card, **kw,
         )
 
     recorder = StepRecorder() if opts.shard is not None else None

@@ -286,6 +286,8 @@ class CudaRequests(TorchFunctionMode):
             elif _is_device(a) and device is None:
                 device = a
                 rest.remove(a)
+            elif a is None and device is not None and len(rest) >= 2 and rest[0] is None:
+                rest.remove(a)  # to(device, None, non_blocking): Module.to()'s dtype slot, empty
         opts = {k: v for k, v in kwargs.items() if k not in ("device", "dtype")}
         if len(rest) >= 1:
             opts.setdefault("non_blocking", rest[0])
@@ -316,3 +318,48 @@ def swap_tensors_for_fakes(fake_mode: Any) -> Iterator[None]:
         yield
     finally:
         tutils.swap_tensors = original
+
+
+def given_to_cuda(namespace: dict[str, Any], devices: DeviceMap) -> tuple[int, int]:
+    """Label "cuda", from the start, the tensors of the modules and optimizers a cell that
+    uses CUDA takes from its namespace: parameters, buffers, gradients, optimizer state.
+
+    Without a GPU an earlier ``model.cuda()`` could not run, so they sit on the CPU; a GPU run
+    of the cell needs them on CUDA (a CPU weight meeting a CUDA batch raises), so they are
+    the GPU's for the whole cell, not only from the first operation that mixes them with a
+    CUDA tensor: counted that late, AdamW's state missed the peak in backward (issue 26,
+    item 4). Zero-dimensional tensors stay where they are: an optimizer's step counts stay on
+    the host in a GPU run. Returns how many tensors were relabelled and their bytes."""
+    from torch import nn
+
+    from gpumagic.namespace import instance_dict, is_a, user_items
+
+    roots: list[Any] = []
+    for _, value in user_items(namespace):
+        if is_a(value, (nn.Module, torch.optim.Optimizer)):
+            roots.append(value)
+            continue
+        attrs = instance_dict(value)  # a trainer holding its model and optimizer
+        if attrs is not None:
+            roots += [v for v in dict.values(attrs) if is_a(v, (nn.Module, torch.optim.Optimizer))]
+    tensors: list[torch.Tensor] = []
+    for root in roots:
+        if is_a(root, nn.Module):
+            for p in root.parameters():
+                tensors += [p] if p.grad is None else [p, p.grad]
+            tensors += list(root.buffers())
+        else:
+            tensors += list(tensors_in(list(root.state.values())))
+    count = size = 0
+    seen: set[int] = set()
+    for t in tensors:
+        st = storage_of(t)
+        if st is None or id(st) in seen or t.dim() == 0:
+            continue
+        seen.add(id(st))
+        label = devices.label(t)
+        if label.name == HOST:
+            label.name = CUDA
+            count += 1
+            size += st.nbytes()
+    return count, size

@@ -45,15 +45,18 @@ from gpumagic.cell import PreparedCell, execute
 from gpumagic.memory.census.tracker import CUDA_ROUNDING, on_cpu
 from gpumagic.memory.fit.accounting import Accounting, AccountingScope, CensusProbe, account
 from gpumagic.memory.fit.answers import Answers, NeedsValues, ValueAnswers, ValueFunctions
+from gpumagic.memory.fit.attention import CudaAttention, CudaCard, card_for
 from gpumagic.memory.fit.deadline import DryRunTimeout, deadline
 from gpumagic.memory.fit.devices import (
     CUDA,
     CudaRequests,
     DeviceLabels,
     DeviceMap,
+    given_to_cuda,
     swap_tensors_for_fakes,
 )
 from gpumagic.memory.fit.files import scratch_files
+from gpumagic.memory.fit.generation import Generation, to_length_limit
 from gpumagic.memory.fit.isolation import Kept, RealTensorsFake, kept_objects
 from gpumagic.memory.fit.layouts import strided_only
 from gpumagic.memory.fit.loaders import in_process_loaders
@@ -64,6 +67,8 @@ from gpumagic.memory.fit.shadow import (
     referenced_names,
 )
 from gpumagic.memory.fit.switches import kept_switches, leave_inference_mode
+from gpumagic.memory.fit.values import KnownValues
+from gpumagic.units import fmt_bytes
 
 DEFAULT_TIMEOUT_S = 120.0
 
@@ -127,6 +132,7 @@ class DryRun:
     alarm: bool = True  # the time limit was an alarm (else checked at statements and ops only)
     loaders: list[int] = field(default_factory=list)  # workers of each DataLoader run in-process
     not_counted: set[str] = field(default_factory=set)  # layouts without a storage (sparse)
+    modelled: list[str] = field(default_factory=list)  # what was modelled or assumed, for the notes
 
 
 Transform = Callable[[Shadow], list[str]]  # changes the shadow, says what it changed
@@ -143,15 +149,17 @@ def dry_run(
     round_to: int = CUDA_ROUNDING,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     count: str | None = None,
+    card: CudaCard | None = None,
 ) -> DryRun:
     """Run ``prepared`` on fake tensors in a shadow of ``user_ns`` (see the module docstring).
 
     ``overrides``: names set in the shadow after it is built (``--batch``); ``transform``: a
     what-if's change to the shadow; ``autocast``: run the cell under ``torch.autocast`` with
     this dtype; ``count``: which tensors count, CUDA's or :data:`ALL` (None: found out, see
-    the module docstring; :attr:`DryRun.counted` says which).
+    the module docstring; :attr:`DryRun.counted` says which); ``card``: whose CUDA kernels
+    a run without a GPU models (:mod:`.attention`; None: an sm80 card's).
     """
-    args = (prepared, user_ns, hidden, overrides, transform, autocast, round_to, timeout_s)
+    args = (prepared, user_ns, hidden, overrides, transform, autocast, round_to, timeout_s, card or card_for(None, None, None))
     if count is None:
         try:
             run = _dry_run(*args, ALL, stop_on_cuda=True)
@@ -172,6 +180,7 @@ def _dry_run(
     autocast: torch.dtype | None,
     round_to: int,
     timeout_s: float,
+    card: CudaCard,
     count: str,
     stop_on_cuda: bool = False,
 ) -> DryRun:
@@ -184,6 +193,8 @@ def _dry_run(
     keep = strided_only(keep, not_counted)
     clock = _Clock(timeout_s, cuda_made if stop_on_cuda else None)
     answers = Answers(clock.statement)
+    generation = Generation()
+    attention = CudaAttention(card.sm) if devices is not None else None
     out = io.StringIO()
     rebound: list[str] = []
     changes: list[str] = []
@@ -197,6 +208,7 @@ def _dry_run(
         shadow.namespace.update(overrides or {})
         if transform is not None:
             changes = transform(shadow)
+        placed = given_to_cuda(shadow.namespace, devices) if devices is not None and count == CUDA else (0, 0)
         scope = AccountingScope(
             namespace=shadow.namespace,
             keep=keep,
@@ -206,7 +218,7 @@ def _dry_run(
             device=CUDA if count == CUDA else "cpu",
         )
         run = _runner(prepared, shadow, autocast, on_gpu, devices, clock, limits)
-        with _modes(fake_mode, answers, devices, clock):
+        with _modes(fake_mode, answers, devices, clock, generation, attention):
             accounting, error = account(run, scope)
         copied, as_is = list(shadow.copied), list(shadow.as_is)
         del shadow, run, scope
@@ -232,7 +244,18 @@ def _dry_run(
         alarm=limits["alarm"],
         loaders=limits["loaders"],
         not_counted=not_counted,
+        modelled=_placed_note(placed) + generation.notes() + (attention.notes(card.name) if attention is not None else []),
     )
+
+
+def _placed_note(placed: tuple[int, int]) -> list[str]:
+    if not placed[0]:
+        return []
+    return [
+        f"The cell uses CUDA: the modules and optimizers it takes from the namespace sit on the CPU here "
+        f"({placed[0]} tensors, {fmt_bytes(placed[1])}: parameters, buffers, gradients, optimizer state) "
+        "and are counted as the GPU's from the start, where a GPU run needs them."
+    ]
 
 
 def _counting(count: str, devices: DeviceMap | None) -> tuple[Callable[[Any], bool], Callable[[], bool]]:
@@ -293,7 +316,15 @@ def _runner(
 
 
 @contextlib.contextmanager
-def _modes(fake_mode: FakeTensorMode, answers: Answers, devices: DeviceMap | None, clock: _Clock) -> Iterator[None]:
+def _modes(
+    fake_mode: FakeTensorMode,
+    answers: Answers,
+    devices: DeviceMap | None,
+    clock: _Clock,
+    generation: Generation,
+    attention: CudaAttention | None,
+) -> Iterator[None]:
+    known = KnownValues(FakeTensor)
     with contextlib.ExitStack() as stack:
         if devices is not None:
             # oneDNN's LSTM keeps a workspace its fake kernel leaves out (torch's meta for
@@ -302,11 +333,14 @@ def _modes(fake_mode: FakeTensorMode, answers: Answers, devices: DeviceMap | Non
             # cuDNN's reserve. Put back when the run ends.
             stack.enter_context(_onednn_off())
         stack.enter_context(fake_mode)
-        stack.enter_context(ValueAnswers(answers, clock.check))
+        stack.enter_context(ValueAnswers(answers, clock.check, known))
         if devices is not None:
             stack.enter_context(DeviceLabels(devices))
             stack.enter_context(CudaRequests(devices))
-        stack.enter_context(ValueFunctions(answers, lambda t: isinstance(t, FakeTensor)))
+        if attention is not None:  # without a GPU: CUDA's attention kernel, not the CPU's
+            stack.enter_context(attention)
+        stack.enter_context(ValueFunctions(answers, lambda t: isinstance(t, FakeTensor), known))
+        stack.enter_context(to_length_limit(generation))
         # on top: every mode below, autograd and the kernels see fakes only (.isolation)
         stack.enter_context(RealTensorsFake(fake_mode))
         yield

@@ -47,11 +47,6 @@ def dry_run_notes(run: DryRun, prepared: PreparedCell) -> list[str]:
                 "No tensor of the cell goes to CUDA (it picks its device at run time, and there is "
                 "no GPU here): every tensor it makes or uses is counted as the GPU's."
             )
-        if any(name.startswith("_scaled_dot_product") for name in ops):
-            notes.append(
-                "Attention ran torch's CPU kernels; CUDA's flash and memory-efficient attention "
-                "keep less for backward, so the prediction errs high for attention."
-            )
         if any("lstm" in name or "rnn" in name or "gru" in name for name in ops):
             notes.append(
                 "Recurrent layers ran torch's per-step kernels (oneDNN off): their saved gates "
@@ -78,6 +73,7 @@ def dry_run_notes(run: DryRun, prepared: PreparedCell) -> list[str]:
     notes.extend(file_notes(run.files, lambda s: _line(prepared, s)))
     notes.extend(_kept_notes(run))
     notes += _limits_notes(run)
+    notes.extend(run.modelled)
     if any("checkpoint" in c for c in run.changes):
         notes.append("Recomputation under activation checkpointing counts as temporaries.")
     return notes

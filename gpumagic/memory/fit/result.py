@@ -29,6 +29,7 @@ class Target:
     source: str = ""
     how: str = ""
     capability: int | None = None
+    capability_minor: int | None = None
 
 
 @dataclass

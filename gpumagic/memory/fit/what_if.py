@@ -3,15 +3,21 @@
 two dry runs.
 
 * ``amp``: mixed precision, the cell under ``torch.autocast`` (float16);
-* ``checkpoint``: activation checkpointing of the model's top-level blocks
-  (``torch.utils.checkpoint``, ``use_reentrant=False``);
+* ``checkpoint``: activation checkpointing per repeated block, as people checkpoint
+  transformers: a model's own ``gradient_checkpointing_enable()`` where it has one (Hugging
+  Face's), else each layer of its largest stack of repeated blocks (a ``ModuleList`` or
+  ``Sequential`` of two or more blocks of one class: ``transformer.h``, ``encoder.layer``),
+  else its top-level blocks (``torch.utils.checkpoint``, ``use_reentrant=False``). Checkpointing
+  a model's whole body as one segment saves next to nothing (issue 26, item 3);
 * ``sgd``: the optimizer replaced by SGD with momentum (one state tensor per parameter
   instead of Adam's two);
 * ``adafactor``: the optimizer replaced by ``torch.optim.Adafactor`` (factored second
   moments; torch >= 2.5);
 * ``set_to_none``: ``zero_grad(set_to_none=True)`` wherever the cell zeroes gradients;
 * ``batch``: half the batch (``--batch VAR``'s value, or a batch-size variable the cell
-  reads: ``batch_size``, ``BATCH_SIZE``, ``bs``, ``batch``, ``B``).
+  reads: ``batch_size``, ``BATCH_SIZE``, ``bs``, ``batch``, ``B``);
+* ``lora:RANK`` (not in ``all``): the model frozen, low-rank adapters of that rank on its
+  linear layers, the optimizer over the adapters only (:mod:`.adapters`).
 
 Each change is made to the shadow only; what it changed is said in words for the report.
 """
@@ -50,13 +56,24 @@ class Fix:
     unavailable: str = ""
 
 
+def _lora_rank(name: str) -> int | None:
+    """RANK of ``lora:RANK``; None when ``name`` is not one (a bad rank raises)."""
+    if not name.startswith("lora"):
+        return None
+    rank = name[len("lora") :].lstrip(":=")
+    if not rank.isdigit() or int(rank) < 1:
+        raise ValueError(f"{name}: give the adapters' rank as lora:RANK, a whole number from 1 (lora:8)")
+    return int(rank)
+
+
 def parse_fixes(text: str) -> list[str]:
     names = [n.strip().lower().replace("-", "_") for n in text.split(",") if n.strip()]
+    lora = [n for n in names if _lora_rank(n) is not None]
     if "all" in names:
-        return list(FIXES)
-    unknown = [n for n in names if n not in FIXES]
+        return list(dict.fromkeys([*FIXES, *lora]))
+    unknown = [n for n in names if n not in FIXES and n not in lora]
     if unknown:
-        raise ValueError(f"unknown fix {', '.join(unknown)}: choose from {', '.join(FIXES)} or all")
+        raise ValueError(f"unknown fix {', '.join(unknown)}: choose from {', '.join(FIXES)}, lora:RANK or all")
     return list(dict.fromkeys(names))
 
 
@@ -67,6 +84,9 @@ def make_fix(name: str, batch: tuple[str, int] | None, names_read: set[str], nam
         return Fix(name, autocast=torch.float16, changed="the cell under torch.autocast(dtype=float16)")
     if name == "checkpoint":
         return Fix(name, transform=checkpoint_blocks)
+    rank = _lora_rank(name)
+    if rank is not None:
+        return Fix(name, transform=functools.partial(lora_adapters, rank=rank))
     if name in ("sgd", "adafactor"):
         if name == "adafactor" and not hasattr(torch.optim, "Adafactor"):
             return Fix(name, unavailable="torch.optim.Adafactor needs torch >= 2.5")
@@ -110,37 +130,101 @@ def _blocks(model: nn.Module, prefix: str) -> list[tuple[str, nn.Module]]:
     return found
 
 
+def _repeated_blocks(model: nn.Module, prefix: str) -> list[tuple[str, nn.Module]]:
+    """The layers of the model's largest stack of repeated blocks (by parameters): a
+    ``ModuleList``/``Sequential`` of two or more blocks of one class, each with parameters
+    and children of its own (a stack of single layers is left to ``checkpoint_sequential``)."""
+    best: list[tuple[str, nn.Module]] = []
+    best_size = 0
+    for name, module in model.named_modules():
+        if not isinstance(module, (nn.ModuleList, nn.Sequential)):
+            continue
+        children = list(module.named_children())
+        kinds = {type(c) for _, c in children}
+        if len(children) < 2 or len(kinds) != 1:
+            continue
+        if any(next(iter(c.children()), None) is None or next(iter(c.parameters()), None) is None for _, c in children):
+            continue
+        size = sum(p.numel() for p in module.parameters())
+        if size > best_size:
+            best = [(f"{prefix}.{name}.{n}" if name else f"{prefix}.{n}", c) for n, c in children]
+            best_size = size
+    return best
+
+
+def _own_checkpointing(model: nn.Module, name: str) -> list[str]:
+    """A model's own per-layer checkpointing (Hugging Face's ``supports_gradient_checkpointing``
+    models), turned on with ``use_reentrant=False`` as torch recommends; [] when it has none."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        return []
+    # transformers 5 names it activation_checkpointing_enable (the old name warns), with its
+    # keyword renamed to match
+    for method, keyword in (
+        ("activation_checkpointing_enable", "activation_checkpointing_kwargs"),
+        ("gradient_checkpointing_enable", "gradient_checkpointing_kwargs"),
+    ):
+        enable = getattr(model, method, None)
+        if enable is None:
+            continue
+        try:
+            enable(**{keyword: {"use_reentrant": False}})
+        except (TypeError, ValueError, AttributeError):
+            continue
+        break
+    else:
+        return []
+    return [f"{name}.{method}(use_reentrant=False): its own checkpointing, per layer"]
+
+
+def _checkpoint_each(blocks: list[tuple[str, nn.Module]]) -> str:
+    from torch.utils.checkpoint import checkpoint
+
+    for _, block in blocks:
+        inner = block.forward
+
+        def wrapped(*args: Any, _f: Callable[..., Any] = inner, **kwargs: Any) -> Any:
+            return checkpoint(_f, *args, use_reentrant=False, **kwargs)
+
+        block.forward = wrapped
+    shown = ", ".join(n for n, _ in blocks[:6]) + (f" and {len(blocks) - 6} more" if len(blocks) > 6 else "")
+    return f"checkpointed {shown} (torch.utils.checkpoint, use_reentrant=False)"
+
+
 def checkpoint_blocks(shadow: Shadow) -> list[str]:
-    from torch.utils.checkpoint import checkpoint, checkpoint_sequential
+    from torch.utils.checkpoint import checkpoint_sequential
 
     changed: list[str] = []
     for name, model in _top_models(shadow)[:1]:
+        own = _own_checkpointing(model, name)
+        if own:
+            changed += own
+            continue
+        repeated = _repeated_blocks(model, name)
+        if repeated:
+            changed.append(_checkpoint_each(repeated) + ", one per repeated block")
+            continue
         leaves = all(next(iter(c.children()), None) is None for c in model.children())
         if isinstance(model, nn.Sequential) and leaves:
             # A Sequential of single layers: checkpointing each layer keeps each input anyway;
             # segments of it are what torch.utils.checkpoint_sequential is for.
             segments = max(2, round(math.sqrt(len(model))))
-            plain = model.forward
 
             def sequential(x: Any, _m: nn.Module = model, _s: int = segments) -> Any:
                 return checkpoint_sequential(_m, _s, x, use_reentrant=False)
 
             model.forward = sequential  # type: ignore[method-assign]
-            del plain
             changed.append(f"{name} run as {segments} checkpointed segments (checkpoint_sequential)")
             continue
         blocks = _blocks(model, name)
-        for _, block in blocks:
-            inner = block.forward
-
-            def wrapped(*args: Any, _f: Callable[..., Any] = inner, **kwargs: Any) -> Any:
-                return checkpoint(_f, *args, use_reentrant=False, **kwargs)
-
-            block.forward = wrapped
         if blocks:
-            shown = ", ".join(n for n, _ in blocks[:6]) + (f" and {len(blocks) - 6} more" if len(blocks) > 6 else "")
-            changed.append(f"checkpointed {shown} (torch.utils.checkpoint, use_reentrant=False)")
+            changed.append(_checkpoint_each(blocks))
     return changed
+
+
+def lora_adapters(shadow: Shadow, rank: int) -> list[str]:
+    from gpumagic.memory.fit.adapters import add_lora
+
+    return [c for name, model in _top_models(shadow)[:1] for c in add_lora(shadow, rank, name, model)]
 
 
 def _optimizers(shadow: Shadow) -> list[tuple[str, torch.optim.Optimizer]]:
