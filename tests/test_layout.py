@@ -105,17 +105,24 @@ def _room(block: str, room: str) -> str:
     return block[start : start + 1 + following.start()] if following else block[start:]
 
 
-def test_contributing_names_every_module_of_memory_monitor_and_namespace() -> None:
-    """The map of ``memory/`` (the engine both memory magics run on, and the two magics), of
-    ``monitor/`` (one watcher over its sources) and of ``namespace/`` names every module and
-    subpackage they hold: a room shows its engine only if its map does (issue 28)."""
+def test_contributing_names_every_module() -> None:
+    """Each room's map names every module (``name.py``, or its name in a list) and every
+    subpackage it holds, and the top of the map every top-level module: a room shows its
+    engine only if its map does (issue 28; the other direction is the test above)."""
+    import re
+
     block = _tree_block()
-    for room in ("memory", "monitor", "namespace"):
+    rooms = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists())
+    assert {"memory", "monitor", "namespace", "profile", "render", "magics"} <= set(rooms)
+    for room in rooms:
         text = _room(block, room)
         unnamed = [
             str(p.relative_to(PACKAGE))
             for p in sorted((PACKAGE / room).rglob("*"))
-            if (p.suffix == ".py" and p.name != "__init__.py" and p.name not in text)
+            if (p.suffix == ".py" and p.name != "__init__.py"
+                and not re.search(rf"(?<![\w.]){re.escape(p.stem)}(?!\w)", text))
             or (p.is_dir() and p.name != "__pycache__" and f"{p.name}/" not in text)
         ]
         assert unnamed == [], room
+    top = [p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py" and p.name not in block]
+    assert top == []
