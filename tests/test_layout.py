@@ -56,6 +56,13 @@ def test_no_module_over_600_lines() -> None:
     assert long == {}
 
 
+def test_the_magics_are_glue_under_1000_lines() -> None:
+    """``magics/`` parses, runs and shows: what a core, a renderer or the option language
+    (gpumagic/usage.py) can hold lives there (issue 28: 1,362 lines before)."""
+    lines = sum(len(p.read_text().splitlines()) for p in (PACKAGE / "magics").glob("*.py"))
+    assert lines < 1000, lines
+
+
 def test_no_core_function_over_80_lines_unless_kept_whole_on_purpose() -> None:
     offences = {}
     for core in CORES:

@@ -9,14 +9,12 @@ never reach ``Out[]``. The magic's value is the prediction.
 
 from __future__ import annotations
 
-import contextlib
-import sys
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
 from IPython.core.magic import Magics, cell_magic, magics_class, no_var_expand
 
+from gpumagic.render.live import kept_off_screen
 from gpumagic.usage import MagicParser, documented, output_option, returns_result
 
 PARSER = MagicParser(
@@ -66,22 +64,13 @@ class MemfitMagics(Magics):
         """
         __tracebackhide__ = True
         from gpumagic.cell import ShellCompiler, prepare
-        from gpumagic.memory.fit.api import batch_unread, predict, resolve_target
+        from gpumagic.memory.fit.api import batch_unread, predict
 
         opts = PARSER.parse_line(line)
         if opts is None:  # -h: the help was printed
             return None
         fit_opts = _options(opts)
         shell: Any = self.shell
-        try:
-            resolve_target(fit_opts.gpu, fit_opts.memory)
-        except ValueError as exc:
-            raise PARSER.usage_error(str(exc)) from None
-        if fit_opts.batch is not None and fit_opts.gpu is None and fit_opts.memory is None:
-            import torch
-
-            if not torch.cuda.is_available():
-                raise PARSER.usage_error("--batch needs --gpu NAME or --memory SIZE (no GPU here)")
         # a statement that does not compile stops the magic before any dry run, shown as
         # IPython shows it: the dry run never sets the user's names, so there is nothing of a
         # plain cell's "the statements before it ran" to reproduce
@@ -92,7 +81,7 @@ class MemfitMagics(Magics):
             unread = batch_unread(prepared, fit_opts.batch[0], shell.user_ns)
             if unread:
                 raise PARSER.usage_error(unread)
-        with _kept_off_screen() as shown:
+        with kept_off_screen() as shown:
             fit = predict(prepared, shell.user_ns, replace(fit_opts, hidden=frozenset(shell.user_ns_hidden)))
         if shown:
             fit.notes.append(f"The dry runs displayed {shown[0]} outputs (figures, tables), not shown.")
@@ -106,70 +95,12 @@ class MemfitMagics(Magics):
         return None if opts.quiet and not returns_result(opts) else fit
 
 
-@contextlib.contextmanager
-def _kept_off_screen() -> Iterator[list[int]]:
-    """What the cell displays in its dry runs (``display()``, a progress widget) is captured,
-    and the matplotlib figures it makes are closed (the inline backend would show them when
-    the cell ends); the list gets how many outputs there were."""
-    from IPython.utils.capture import capture_output
-
-    pyplot = sys.modules.get("matplotlib.pyplot")
-    before = set(pyplot.get_fignums()) if pyplot is not None else set()
-    shown: list[int] = []
-    with capture_output(stdout=False, stderr=False, display=True) as cap:
-        try:
-            yield shown
-        finally:
-            made: list[int] = []
-            pyplot = sys.modules.get("matplotlib.pyplot")
-            if pyplot is not None:
-                made = [n for n in pyplot.get_fignums() if n not in before]
-                for number in made:
-                    pyplot.close(number)
-            if cap.outputs or made:
-                shown.append(len(cap.outputs) + len(made))
-
-
 def _options(opts: Any) -> Any:
-    from gpumagic.memory.fit.api import FitOptions
-    from gpumagic.memory.fit.deadline import check_timeout
-    from gpumagic.memory.fit.what_if import parse_fixes
+    from gpumagic.memory.fit.api import fit_options
 
-    batch = None
-    if opts.batch is not None:
-        var, _, values = opts.batch.partition("=")
-        try:
-            sizes = [int(v) for v in values.split(",") if v.strip()]
-        except ValueError:
-            sizes = []
-        if not var.isidentifier() or not sizes or min(sizes) < 1:
-            raise PARSER.usage_error(f"--batch {opts.batch!r}: give VAR=v1,v2,... with whole sizes >= 1")
-        batch = (var, sizes)
     try:
-        fixes = parse_fixes(opts.what_if) if opts.what_if else []
+        return fit_options(
+            opts.gpu, opts.memory, opts.batch, opts.what_if or (), opts.timeout, opts.gpus, opts.shard
+        )
     except ValueError as exc:
-        raise PARSER.usage_error(f"--what-if: {exc}") from None
-    try:
-        timeout = check_timeout(opts.timeout)
-    except ValueError as exc:
-        raise PARSER.usage_error(f"--timeout: {exc}") from None
-    return FitOptions(
-        gpu=opts.gpu, memory=opts.memory, batch=batch, what_if=fixes, timeout_s=timeout, shard=_shard(opts)
-    )
-
-
-def _shard(opts: Any) -> tuple[int, list[str]] | None:
-    from gpumagic.memory.fit.sharding.fit import parse_modes
-
-    if opts.shard is None and opts.gpus is None:
-        return None
-    if opts.shard is None:
-        raise PARSER.usage_error("--gpus N needs --shard MODE (ddp, fsdp, zero1, zero2, zero3 or all)")
-    if opts.gpus is None:
-        raise PARSER.usage_error("--shard needs --gpus N (the number of GPUs)")
-    if opts.gpus < 1:
-        raise PARSER.usage_error(f"--gpus {opts.gpus}: give a whole number >= 1")
-    try:
-        return opts.gpus, parse_modes(opts.shard)
-    except ValueError as exc:
-        raise PARSER.usage_error(f"--shard: {exc}") from None
+        raise PARSER.usage_error(str(exc)) from None

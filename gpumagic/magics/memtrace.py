@@ -56,10 +56,7 @@ class MemtraceMagics(Magics):
         On CUDA the ``time`` column is host time (kernels run asynchronously); ``--sync``
         waits for the device at each statement boundary so each time includes the GPU work
         the statement queued, and the report says what those waits cost.
-
-        With ``-o`` the magic returns the result in place of the cell's (or the statement's)
-        value, as ``%timeit -o`` does: ``t = %memtrace -o x @ y`` keeps it, and a cell's
-        ``Out[]`` shows it once.
+        ``t = %memtrace -o x @ y`` keeps the result (-o, as ``%timeit -o``).
         """
         __tracebackhide__ = True
         from gpumagic.cell import ShellCompiler, prepare, run_measured

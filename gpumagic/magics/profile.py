@@ -12,7 +12,7 @@ from typing import Any
 from IPython.core.magic import Magics, line_cell_magic, magics_class, output_can_be_silenced
 
 from gpumagic.cell import running_cell_number
-from gpumagic.render.html import Note, Noted
+from gpumagic.render.profile_notes import noted
 from gpumagic.usage import (
     MagicParser,
     documented,
@@ -210,7 +210,7 @@ class ProfileMagics(Magics):
             if done.result is not None:  # a partial result too: the user may look into it
                 self._store(done.result, opts)
                 kept.append(done.result)
-            return None if opts.quiet else _shown(done, opts)
+            return None if opts.quiet else noted(done, returns_result(opts))
 
         shell: Any = self.shell
         value = run_measured(
@@ -233,12 +233,3 @@ class ProfileMagics(Magics):
         ns["_gpuprofile"] = result
         if opts.name and not opts.load:
             self.runs[opts.name] = result
-
-
-def _shown(done: Any, opts: Any) -> Any:
-    """The report with the core's notes on top; the notes alone where there is no report,
-    or where the report is the magic's value (-o)."""
-    notes = "\n".join(done.notes())
-    if done.reported and not returns_result(opts):
-        return Noted(done.result, notes, "profile-note")
-    return Note(notes, "profile-note", box=True) if notes else None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from IPython.core.magic import Magics, line_magic, magics_class, output_can_be_silenced
@@ -65,29 +64,15 @@ PARSER.add_argument(
 )
 
 
-def _stop_running_watcher() -> None:
-    """Stop the watcher, if one runs, without importing the monitor to find out.
-
-    ``gpumagic.monitor`` imports numpy (about 90 ms of the ~110 ms ``%load_ext gpumagic``
-    took when this cleanup imported it at load time); a watcher can only be running once
-    its module has been imported, so an absent module means there is nothing to stop.
-    """
-    watcher = sys.modules.get("gpumagic.monitor.watcher")  # the one registry, whatever it reads
-    if watcher is not None:
-        watcher.stop_current()
-    exporter = sys.modules.get("gpumagic.monitor.exporter.server")
-    if exporter is not None:
-        exporter.stop_serving()
-
-
 @magics_class
 class WatchMagics(Magics):
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
         from gpumagic.magics import on_unload
+        from gpumagic.monitor import stop_all
 
         # %unload_ext stops the sampler thread and unregisters the cell events
-        on_unload(_stop_running_watcher)
+        on_unload(stop_all)
 
     @output_can_be_silenced
     @line_magic

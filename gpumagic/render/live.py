@@ -32,11 +32,12 @@ are saved with the notebook.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 _MODES = ("widget", "display", "off")
@@ -206,3 +207,27 @@ class LiveResult(Generic[R]):
             final = self._present(result)
         finally:
             self.view.finish(final, display_if_off=True)
+
+
+@contextlib.contextmanager
+def kept_off_screen() -> Iterator[list[int]]:
+    """What code displays while this lasts (``display()``, a progress widget: a dry run's
+    cell) is captured, and the matplotlib figures it makes are closed (the inline backend
+    would show them when the cell ends); the list gets how many outputs there were."""
+    from IPython.utils.capture import capture_output
+
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    before = set(pyplot.get_fignums()) if pyplot is not None else set()
+    shown: list[int] = []
+    with capture_output(stdout=False, stderr=False, display=True) as cap:
+        try:
+            yield shown
+        finally:
+            made: list[int] = []
+            pyplot = sys.modules.get("matplotlib.pyplot")
+            if pyplot is not None:
+                made = [n for n in pyplot.get_fignums() if n not in before]
+                for number in made:
+                    pyplot.close(number)
+            if cap.outputs or made:
+                shown.append(len(cap.outputs) + len(made))

@@ -8,10 +8,10 @@ import random
 
 import pytest
 
+from gpumagic.cards import GPUS, find_gpu
 from gpumagic.memory.fit import api as fit_api
 from gpumagic.memory.fit.allocator import AllocatorModel
 from gpumagic.memory.fit.batch import BatchPoint, largest_batch
-from gpumagic.memory.fit.gpus import GPUS, find_gpu
 from gpumagic.memory.fit.headroom import HeadroomLine, headroom, verdict
 from gpumagic.memory.fit.suggest import memfit_line
 

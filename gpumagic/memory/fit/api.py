@@ -10,13 +10,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpumagic.cards import GPUS, find_gpu, gpu_names
 from gpumagic.cell import PreparedCell, PythonCompiler, error_text, prepare
 from gpumagic.memory.fit.allocator import AllocatorModel
 from gpumagic.memory.fit.attention import card_for
 from gpumagic.memory.fit.batch import BatchPoint, largest_batch
 from gpumagic.memory.fit.deadline import check_timeout
 from gpumagic.memory.fit.dry_run import DEFAULT_TIMEOUT_S, DryRun, dry_run
-from gpumagic.memory.fit.gpus import GPUS, find_gpu, gpu_names
 from gpumagic.memory.fit.headroom import FRAGMENTATION, HeadroomLine, headroom, needed, verdict
 from gpumagic.memory.fit.notes import dry_run_notes, why_stopped
 from gpumagic.memory.fit.result import MemFit, Target, WhatIf
@@ -274,24 +274,64 @@ def memfit(
     >>> fit = gpumagic.memfit("loss = model(x).sum()\\nloss.backward()", globals(), gpu="A100 80GB")
     >>> fit.peak_bytes, fit.fits
     """
-    from gpumagic.memory.fit.sharding.fit import parse_modes
-    from gpumagic.memory.fit.what_if import parse_fixes
-
-    fixes = parse_fixes(what_if) if isinstance(what_if, str) else list(what_if)
-    if (gpus is None) != (shard is None) or (gpus is not None and gpus < 1):
-        raise ValueError("give gpus (a whole number >= 1) and shard together")
-    sharding = (gpus, parse_modes(shard)) if gpus is not None and shard is not None else None
-    opts = FitOptions(
-        gpu=gpu,
-        memory=memory,
-        batch=(batch[0], [int(v) for v in batch[1]]) if batch is not None else None,
-        what_if=fixes,
-        timeout_s=timeout_s,
-        shard=sharding,
-    )
+    opts = fit_options(gpu, memory, batch, what_if, timeout_s, gpus, shard)
     # plain Python: no IPython syntax; tracebacks read the source from linecache as <memfit-N>
     prepared = prepare(PythonCompiler("memfit"), source, None, instrument=True, raise_compile_errors=True)
     return predict(prepared, namespace if namespace is not None else {}, opts)
 
 
-__all__ = ["FitOptions", "memfit", "predict", "resolve_target"]
+def fit_options(
+    gpu: str | None = None,
+    memory: int | str | None = None,
+    batch: str | tuple[str, Sequence[int]] | None = None,
+    what_if: Sequence[str] | str = (),
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    gpus: int | None = None,
+    shard: str | None = None,
+) -> FitOptions:
+    """The options of a prediction, checked: each bad one a ValueError naming the option as
+    ``%%memfit`` spells it (``batch``: ``"VAR=v1,v2"`` as typed, or (variable, sizes))."""
+    from gpumagic.memory.fit.deadline import check_timeout
+    from gpumagic.memory.fit.sharding.fit import parse_modes
+    from gpumagic.memory.fit.what_if import parse_fixes
+
+    if isinstance(batch, str):
+        var, _, values = batch.partition("=")
+        try:
+            sizes = [int(v) for v in values.split(",") if v.strip()]
+        except ValueError:
+            sizes = []
+        if not var.isidentifier() or not sizes or min(sizes) < 1:
+            raise ValueError(f"--batch {batch!r}: give VAR=v1,v2,... with whole sizes >= 1")
+        batch = (var, sizes)
+    try:
+        fixes = parse_fixes(what_if) if isinstance(what_if, str) else list(what_if)
+    except ValueError as exc:
+        raise ValueError(f"--what-if: {exc}") from None
+    try:
+        timeout = check_timeout(timeout_s)
+    except ValueError as exc:
+        raise ValueError(f"--timeout: {exc}") from None
+    sharding = None
+    if gpus is not None or shard is not None:
+        if shard is None:
+            raise ValueError("--gpus N needs --shard MODE (ddp, fsdp, zero1, zero2, zero3 or all)")
+        if gpus is None:
+            raise ValueError("--shard needs --gpus N (the number of GPUs)")
+        if gpus < 1:
+            raise ValueError(f"--gpus {gpus}: give a whole number >= 1")
+        try:
+            sharding = (gpus, parse_modes(shard))
+        except ValueError as exc:
+            raise ValueError(f"--shard: {exc}") from None
+    resolve_target(gpu, memory)  # an unknown card, a bad size, or both given
+    if batch is not None and gpu is None and memory is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("--batch needs --gpu NAME or --memory SIZE (no GPU here)")
+    sizes_of = (batch[0], [int(v) for v in batch[1]]) if batch is not None else None
+    return FitOptions(gpu=gpu, memory=memory, batch=sizes_of, what_if=fixes, timeout_s=timeout, shard=sharding)
+
+
+__all__ = ["FitOptions", "fit_options", "memfit", "predict", "resolve_target"]

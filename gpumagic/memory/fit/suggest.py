@@ -8,7 +8,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpumagic.memory.fit.gpus import find_gpu
+from gpumagic.cards import find_gpu
 from gpumagic.namespace import is_a
 
 # Names a batch size goes by, in the order they are looked for (``--what-if batch``, and the

@@ -184,7 +184,7 @@ def sharded(
     """``%%memfit --gpus N --shard MODES``'s answer from the recording run just made:
     ``target``: the card asked for (name, capacity, uncertainty); ``card_lines``: the
     single-GPU headroom on a card; ``base_peak``: the recording run's peak."""
-    from gpumagic.memory.fit.gpus import GPUS
+    from gpumagic.cards import GPUS
 
     cached: dict[Card, list[HeadroomLine]] = {}
 
