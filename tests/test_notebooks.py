@@ -145,4 +145,5 @@ def test_there_are_tutorials():
         "04_multi_gpu",
         "05_reproducible_env",
         "06_why_slower",
+        "07_fit_a_7b_model",
     } <= names
