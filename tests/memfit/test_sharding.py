@@ -162,3 +162,13 @@ def test_per_rank_peak_matches_two_real_processes(ip, run, model):
     for mode in ("ddp", "fsdp"):
         real = max(r[mode]["steady"] for r in ranks)
         assert predicted[mode] == pytest.approx(real, rel=0.10), (mode, predicted[mode], real)
+
+
+def test_a_dry_run_that_stopped_judges_no_rank(ip, run):
+    # the step recorded only up to the failing line: no per-rank figures, no verdict
+    step = _setup(ip, "mlp")
+    r = run(f"%%memfit -q --gpu T4 --gpus 2 --shard ddp,fsdp\n{step}raise ValueError('stop')\n")
+    assert r.result.error_in_exec is not None
+    fit = ip.user_ns["_memfit"]
+    assert fit.error and fit.shard is None and fit.fits is None
+    assert any(n.startswith("--gpus/--shard: no per-rank figures") for n in fit.notes)

@@ -168,7 +168,10 @@ def predict(prepared: PreparedCell, user_ns: dict[str, Any], opts: FitOptions) -
     if opts.batch is not None and main.error is None:
         fit.batch = _fit_batch(opts.batch, target, lines, acc.peak_bytes, run)
     if recorder is not None and opts.shard is not None:
-        fit.shard = _sharded(recorder, opts.shard, target, needs, acc.peak_bytes)
+        if finished:
+            fit.shard = _sharded(recorder, opts.shard, target, needs, acc.peak_bytes)
+        else:  # a step recorded only in part judges nothing
+            fit.notes.append("--gpus/--shard: no per-rank figures: the dry run stopped before the end of the cell.")
     names_read = code_names([*prepared.body, prepared.last_expr])
     for name in opts.what_if:
         fit.what_ifs.append(_what_if(name, batch_base, names_read, user_ns, main, run))

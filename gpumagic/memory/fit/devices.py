@@ -286,8 +286,8 @@ class CudaRequests(TorchFunctionMode):
             elif _is_device(a) and device is None:
                 device = a
                 rest.remove(a)
-            elif a is None and device is not None and len(rest) >= 2 and rest[0] is None:
-                rest.remove(a)  # to(device, None, non_blocking): Module.to()'s dtype slot, empty
+            elif a is None:  # Module._apply's to(device, dtype, non_blocking): a slot left empty
+                rest.remove(a)
         opts = {k: v for k, v in kwargs.items() if k not in ("device", "dtype")}
         if len(rest) >= 1:
             opts.setdefault("non_blocking", rest[0])
