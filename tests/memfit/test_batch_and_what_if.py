@@ -17,12 +17,7 @@ from gpumagic.memory.fit.headroom import FRAGMENTATION  # noqa: E402
 MiB = 2**20
 
 
-@pytest.fixture(autouse=True)
-def _onednn_off():
-    was = torch._C._get_mkldnn_enabled()
-    torch._C._set_mkldnn_enabled(False)
-    yield
-    torch._C._set_mkldnn_enabled(was)
+pytestmark = pytest.mark.usefixtures("onednn_off")  # tests/memfit/conftest.py
 
 
 def _bisect_largest(fits, hi: int) -> int:

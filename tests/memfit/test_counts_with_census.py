@@ -18,12 +18,7 @@ from gpumagic.memory.fit.dry_run import ALL, dry_run  # noqa: E402
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU path")
 
 
-@pytest.fixture(autouse=True)
-def _onednn_off():
-    was = torch._C._get_mkldnn_enabled()
-    torch._C._set_mkldnn_enabled(False)
-    yield
-    torch._C._set_mkldnn_enabled(was)
+pytestmark = pytest.mark.usefixtures("onednn_off")  # tests/memfit/conftest.py
 
 
 @pytest.mark.parametrize("family", ["cnn_batchnorm", "transformer"])

@@ -27,12 +27,7 @@ out = model.generate(ids, max_new_tokens=16, do_sample=False, pad_token_id=0)
 """
 
 
-@pytest.fixture(autouse=True)
-def _onednn_off():
-    was = torch._C._get_mkldnn_enabled()
-    torch._C._set_mkldnn_enabled(False)
-    yield
-    torch._C._set_mkldnn_enabled(was)
+pytestmark = pytest.mark.usefixtures("onednn_off")  # tests/memfit/conftest.py
 
 
 def _setup(run, code: str) -> None:

@@ -20,13 +20,7 @@ from real_run import measure, prepare_source  # noqa: E402
 from gpumagic.memory.fit.api import memfit  # noqa: E402
 from gpumagic.memory.fit.dry_run import dry_run  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _onednn_off():
-    was = torch._C._get_mkldnn_enabled()
-    torch._C._set_mkldnn_enabled(False)
-    yield
-    torch._C._set_mkldnn_enabled(was)
+pytestmark = pytest.mark.usefixtures("onednn_off")  # tests/memfit/conftest.py
 
 
 @pytest.fixture(autouse=True)
